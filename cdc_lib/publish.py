@@ -1,0 +1,438 @@
+"""Exactly-once publication of change events to Kafka, without relying on transactions.
+
+Topics: one per table, ``<prefix>.<keyspace>.<table>`` (``table_topic``), keyed by the primary key, plus
+``<prefix>.schema-changes`` (``schema_change_topic``) for schema-change events.
+
+Why not Kafka transactions: the broker we test against (Tansu) accepts transactional producers but shows aborted
+records to ``read_committed`` consumers, and a transaction alone does not tie "published" to our own ledger.
+Instead each batch (the events of one segment, already persisted in the outbox in publication order) goes
+through this protocol, each step durable before the next:
+
+1. **done?** If the ledger holds ``<batch>.json``, the batch is skipped whole.
+2. **intent.** If the ledger has no ``<batch>.intent`` yet, the current end offset of every partition of every
+   target topic is read and written to the intent *before anything is produced*. A rerun reuses the stored
+   intent, so it always scans from offsets taken before the first attempt produced anything.
+3. **scan.** Every partition is read from its intent offset to its current end; records whose ``cdc-batch``
+   header names this batch are the events a crashed attempt already got into Kafka. They must form, for every
+   key, a prefix of that key's events in the batch (the producer runs with one request in flight, acks=all and
+   idempotence, so a partition can only ever hold a prefix of what was sent to it); anything else is a
+   ``PublishOrderError``.
+4. **produce** the events not found, in batch order, then **flush** (every delivery acknowledged).
+5. **verify** (on by default): rescan and check each event id of the batch is there exactly once.
+6. **ledger**: write ``<batch>.json`` (``storage.Layout.ledger``). Only then may the segment be archived (``is_published``).
+
+A crash at any point leaves either nothing, a per-key prefix, or everything in Kafka; the rerun completes it
+without duplicates and in order per key. The one window this cannot close without broker fencing: a zombie
+producer of a crashed process whose request is still in the broker when the rerun scans; ``verify`` reports
+such a duplicate (``PublishVerificationError``) instead of marking the batch published.
+
+Serialization (``JsonCodec``, ``AvroCodec``) turns envelope datums into the bytes stored in the outbox. Avro
+uses the Confluent wire format (magic 0, 4-byte schema id, Avro body) when a Schema Registry is configured,
+and Avro single-object encoding (``C3 01``, 8-byte CRC-64-AVRO fingerprint, body) otherwise: both are standard
+Avro framings that name the writer schema in every message; without a registry the schemas are written to the
+ledger store under ``schemas/<fingerprint>.avsc`` so consumers can resolve fingerprints.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import struct
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Optional, Protocol
+
+from .errors import CdcError, ConfigError
+
+EVENT_ID_HEADER = "cdc-event-id"
+BATCH_HEADER = "cdc-batch"
+SEQ_HEADER = "cdc-seq"
+SCHEMA_CHANGE_SUFFIX = "schema-changes"
+
+
+class PublishError(CdcError):
+    """Kafka could not be written or read as the protocol needs (timeout, delivery failure, broker error)."""
+
+
+class PublishOrderError(PublishError):
+    """Kafka holds events of a batch that are not a per-key prefix of it: order per key cannot be kept."""
+
+
+class PublishVerificationError(PublishError):
+    """After publishing, an event of the batch is missing from Kafka or present more than once."""
+
+
+class SchemaRegistryError(CdcError):
+    """The Schema Registry refused a request or answered something unusable."""
+
+
+def table_topic(prefix: str, keyspace: str, table: str) -> str:
+    """The topic of a table's change events."""
+    return f"{prefix}.{keyspace}.{table}"
+
+
+def schema_change_topic(prefix: str) -> str:
+    """The topic of schema-change events."""
+    return f"{prefix}.{SCHEMA_CHANGE_SUFFIX}"
+
+
+@dataclass(frozen=True)
+class OutboxEvent:
+    """One serialized event as the outbox holds it. ``value`` None is a Kafka tombstone."""
+    event_id: str
+    topic: str
+    key: Optional[bytes]
+    value: Optional[bytes]
+    seq: int
+
+
+# --------------------------------------------------------------------------------------------- ledger store
+
+class LedgerStore(Protocol):
+    """What the publish ledger needs from an object store (``storage.ObjectStore`` has these methods)."""
+
+    def put_bytes(self, key: str, data: bytes) -> None: ...
+
+    def get_bytes(self, key: str) -> bytes: ...
+
+    def exists(self, key: str) -> bool: ...
+
+
+class LocalLedgerStore:
+    """A directory as a ledger store. Writes are atomic (temp file, fsync, rename) so a crash never leaves
+    half an object that a rerun would misread."""
+
+    def __init__(self, root):
+        self.root = Path(root)
+
+    def _path(self, key: str) -> Path:
+        if key.startswith("/") or ".." in key.split("/"):
+            raise ConfigError(f"ledger key must be relative: {key!r}")
+        return self.root / key
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    def get_bytes(self, key: str) -> bytes:
+        return self._path(key).read_bytes()
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+
+# ------------------------------------------------------------------------------------------------ publisher
+
+@dataclass
+class PublishResult:
+    batch_id: str
+    events: int                       # events in the batch
+    already_in_kafka: int = 0         # found by the scan (an earlier attempt got them there)
+    produced: int = 0                 # produced by this call
+    skipped: bool = False             # the ledger already marked the batch published
+
+
+FaultHook = Callable[..., None]
+
+
+class KafkaPublisher:
+    """Publishes outbox batches to Kafka exactly once (see the module docstring for the protocol).
+
+    ``fault`` is a test hook called as ``fault(point, **info)`` at every step boundary and after each produced
+    event; points: ``intent_written``, ``scanned``, ``produced`` (info: ``index``, ``count``), ``before_flush``,
+    ``flushed``, ``verified``, ``ledger_written``.
+    """
+
+    def __init__(self, bootstrap_servers: str, ledger: LedgerStore, *, ledger_prefix: str = "ledger",
+                 num_partitions: int = 1, producer_config: Optional[dict] = None, verify: bool = True,
+                 timeout_s: float = 30.0, fault: Optional[FaultHook] = None):
+        from confluent_kafka import Producer  # imported here so serializers work without a Kafka client
+        self.bootstrap_servers = bootstrap_servers
+        self.ledger = ledger
+        self.ledger_prefix = ledger_prefix.rstrip("/")
+        self.num_partitions = num_partitions
+        self.verify = verify
+        self.timeout_s = timeout_s
+        self._fault = fault or (lambda point, **info: None)
+        config = {
+            "bootstrap.servers": bootstrap_servers,
+            "enable.idempotence": True,
+            "acks": "all",
+            # One request in flight: a partition can then only hold a prefix of what was sent to it, whatever
+            # the broker does with producer sequence numbers (the prefix property the rerun relies on).
+            "max.in.flight.requests.per.connection": 1,
+            # The Java client's partitioner, so keys land where Java producers and Kafka Connect put them.
+            "partitioner": "murmur2_random",
+            "linger.ms": 5,
+        }
+        config.update(producer_config or {})
+        self._producer = Producer(config)
+        self._known_topics: set = set()
+
+    # ----------------------------------------------------------------------------------------- ledger keys
+    def _intent_key(self, batch_id: str) -> str:
+        return f"{self.ledger_prefix}/{batch_id}.intent.json"
+
+    def _published_key(self, batch_id: str) -> str:
+        # The same key as storage.Layout.ledger(batch_id): the archiver checks it before moving a segment.
+        return f"{self.ledger_prefix}/{batch_id}.json"
+
+    def is_published(self, batch_id: str) -> bool:
+        """True once every event of the batch is in Kafka: the segment may then be archived."""
+        return self.ledger.exists(self._published_key(batch_id))
+
+    # -------------------------------------------------------------------------------------------- publish
+    def publish_batch(self, batch_id: str, events: Iterable) -> PublishResult:
+        """Publish one batch exactly once. ``events``: OutboxEvent or (event_id, topic, key, value, seq)."""
+        if not batch_id or "/" in batch_id or batch_id.startswith("."):
+            raise ConfigError(f"batch id must be a non-empty name without '/': {batch_id!r}")
+        batch = _as_events(events)
+        result = PublishResult(batch_id, len(batch))
+        if self.is_published(batch_id):
+            result.skipped = True
+            return result
+        topics = sorted({e.topic for e in batch})
+        self.ensure_topics(topics)
+
+        intent_key = self._intent_key(batch_id)
+        if self.ledger.exists(intent_key):
+            intent = json.loads(self.ledger.get_bytes(intent_key))
+        else:
+            intent = {"batch_id": batch_id, "events": len(batch), "created_ms": int(time.time() * 1000),
+                      "start_offsets": _offsets_to_json(self._end_offsets(topics))}
+            self.ledger.put_bytes(intent_key, json.dumps(intent, sort_keys=True).encode())
+        self._fault("intent_written")
+        start = _offsets_from_json(intent["start_offsets"])
+
+        found = self._scan(batch_id, topics, start)
+        self._fault("scanned")
+        present = _check_prefix(batch, found)
+        result.already_in_kafka = len(present)
+
+        todo = [e for e in batch if e.event_id not in present]
+        errors: list = []
+
+        def on_delivery(err, msg):
+            if err is not None:
+                errors.append(err)
+
+        try:
+            for i, e in enumerate(todo):
+                headers = [(EVENT_ID_HEADER, e.event_id.encode()), (BATCH_HEADER, batch_id.encode()),
+                           (SEQ_HEADER, str(e.seq).encode())]
+                self._produce(e, headers, on_delivery)
+                result.produced += 1
+                self._fault("produced", index=i, count=len(todo))
+            self._fault("before_flush")
+            remaining = self._producer.flush(self.timeout_s)
+        except BaseException:
+            # Drop what is still queued and wait for what is in flight: otherwise this producer would keep
+            # delivering after the caller retried with a new publisher, and the retry's scan would miss them.
+            self._producer.purge(in_queue=True, in_flight=False)
+            self._producer.flush(self.timeout_s)
+            raise
+        if remaining:
+            raise PublishError(f"batch {batch_id}: {remaining} events not acknowledged after {self.timeout_s}s")
+        if errors:
+            raise PublishError(f"batch {batch_id}: delivery failed: {errors[0]}")
+        self._fault("flushed")
+
+        if self.verify:
+            self._verify(batch_id, batch, topics, start)
+            self._fault("verified")
+        self.ledger.put_bytes(self._published_key(batch_id), json.dumps({
+            "batch_id": batch_id, "events": len(batch), "already_in_kafka": result.already_in_kafka,
+            "produced": result.produced, "published_ms": int(time.time() * 1000)}, sort_keys=True).encode())
+        self._fault("ledger_written")
+        return result
+
+    def _produce(self, e: OutboxEvent, headers, on_delivery) -> None:
+        while True:
+            try:
+                self._producer.produce(e.topic, key=e.key, value=e.value, headers=headers, on_delivery=on_delivery)
+                return
+            except BufferError:
+                # Local queue full: let deliveries drain, then retry the same event (order is kept).
+                self._producer.poll(0.1)
+
+    def close(self) -> None:
+        self._producer.flush(self.timeout_s)
+
+    # ---------------------------------------------------------------------------------------- kafka reads
+    def ensure_topics(self, topics) -> None:
+        """Create missing topics with ``num_partitions`` partitions (existing topics are left as they are)."""
+        from confluent_kafka import KafkaError, KafkaException
+        from confluent_kafka.admin import AdminClient, NewTopic
+        missing = [t for t in topics if t not in self._known_topics]
+        if not missing:
+            return
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
+        existing = set(admin.list_topics(timeout=self.timeout_s).topics)
+        create = [NewTopic(t, num_partitions=self.num_partitions, replication_factor=1)
+                  for t in missing if t not in existing]
+        if create:
+            for name, fut in admin.create_topics(create, request_timeout=self.timeout_s).items():
+                try:
+                    fut.result(self.timeout_s)
+                except KafkaException as exc:
+                    if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                        raise PublishError(f"cannot create topic {name}: {exc}") from exc
+        # Metadata may lag creation: wait until every topic shows its partitions.
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            md = admin.list_topics(timeout=self.timeout_s).topics
+            if all(t in md and md[t].partitions and md[t].error is None for t in missing):
+                break
+            if time.monotonic() > deadline:
+                raise PublishError(f"topics not visible after creation: {missing}")
+            time.sleep(0.05)
+        self._known_topics.update(missing)
+
+    def _consumer(self):
+        from confluent_kafka import Consumer
+        return Consumer({
+            "bootstrap.servers": self.bootstrap_servers,
+            "group.id": f"cdc-publish-scan-{uuid.uuid4().hex}",   # never committed: offsets are ours
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_uncommitted",
+        })
+
+    def _partitions(self, consumer, topic: str) -> list:
+        md = consumer.list_topics(topic, timeout=self.timeout_s)
+        t = md.topics.get(topic)
+        if t is None or t.error is not None:
+            raise PublishError(f"topic {topic} has no metadata: {None if t is None else t.error}")
+        return sorted(t.partitions)
+
+    def _end_offsets(self, topics) -> dict:
+        from confluent_kafka import TopicPartition
+        consumer = self._consumer()
+        try:
+            out = {}
+            for topic in topics:
+                for p in self._partitions(consumer, topic):
+                    _, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=self.timeout_s)
+                    out[(topic, p)] = high
+            return out
+        finally:
+            consumer.close()
+
+    def _scan(self, batch_id: str, topics, start: dict) -> list:
+        """Records of ``batch_id`` in Kafka from the intent offsets: [(event_id, topic, partition, offset)].
+
+        The end of a partition is where the consumer reports end-of-partition (from the fetch responses), not
+        the ListOffsets high watermark: Tansu answers ListOffsets(latest) with a value below the true end when
+        the last record batch holds several records.
+        """
+        from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
+        consumer = self._consumer()
+        try:
+            assign = []
+            for topic in topics:
+                for p in self._partitions(consumer, topic):
+                    # A partition added after the intent was taken is read from its beginning.
+                    assign.append(TopicPartition(topic, p, start.get((topic, p), OFFSET_BEGINNING)))
+            found: list = []
+            if not assign:
+                return found
+            consumer.assign(assign)
+            pending = {(tp.topic, tp.partition) for tp in assign}
+            deadline = time.monotonic() + self.timeout_s
+            want = batch_id.encode()
+            while pending:
+                if time.monotonic() > deadline:
+                    raise PublishError(f"batch {batch_id}: scanning {sorted(pending)} timed out")
+                msg = consumer.poll(0.2)
+                if msg is None:
+                    continue
+                if msg.error() is not None:
+                    if msg.error().code() == KafkaError._PARTITION_EOF:
+                        pending.discard((msg.topic(), msg.partition()))
+                        continue
+                    raise PublishError(f"batch {batch_id}: reading {msg.topic()}[{msg.partition()}]: {msg.error()}")
+                headers = dict(msg.headers() or [])
+                if headers.get(BATCH_HEADER) == want and EVENT_ID_HEADER in headers:
+                    found.append((headers[EVENT_ID_HEADER].decode(), msg.topic(), msg.partition(), msg.offset()))
+            return found
+        finally:
+            consumer.close()
+
+    def _verify(self, batch_id: str, batch: list, topics, start: dict) -> None:
+        found = self._scan(batch_id, topics, start)
+        counts: dict = {}
+        for event_id, *_ in found:
+            counts[event_id] = counts.get(event_id, 0) + 1
+        missing = [e.event_id for e in batch if e.event_id not in counts]
+        dupes = sorted(k for k, n in counts.items() if n > 1)
+        if missing or dupes:
+            raise PublishVerificationError(
+                f"batch {batch_id}: {len(missing)} events missing (first {missing[:3]}), "
+                f"{len(dupes)} duplicated (first {dupes[:3]})")
+        _check_prefix(batch, found)
+
+
+def _as_events(events: Iterable) -> list:
+    out = []
+    last_seq = None
+    seen = set()
+    for e in events:
+        if not isinstance(e, OutboxEvent):
+            e = OutboxEvent(*e)
+        if last_seq is not None and e.seq <= last_seq:
+            raise ConfigError(f"outbox events must come in increasing seq order: {e.seq} after {last_seq}")
+        if e.event_id in seen:
+            raise ConfigError(f"event id {e.event_id!r} appears twice in one batch")
+        seen.add(e.event_id)
+        last_seq = e.seq
+        out.append(e)
+    return out
+
+
+def _offsets_from_json(data) -> dict:
+    if isinstance(data, dict) and all(isinstance(k, tuple) for k in data):
+        return data
+    return {(topic, int(p)): off for topic, parts in data.items() for p, off in parts.items()}
+
+
+def _offsets_to_json(offsets: dict) -> dict:
+    out: dict = {}
+    for (topic, p), off in sorted(offsets.items()):
+        out.setdefault(topic, {})[str(p)] = off
+    return out
+
+
+def _check_prefix(batch: list, found: list) -> set:
+    """Ids found in Kafka, after checking they are, for every (topic, key), a prefix in batch order."""
+    present = {event_id for event_id, *_ in found}
+    by_key: dict = {}
+    for e in batch:
+        by_key.setdefault((e.topic, e.key), []).append(e.event_id)
+    for (topic, key), ids in by_key.items():
+        flags = [i in present for i in ids]
+        n = sum(flags)
+        if flags[:n] != [True] * n:
+            raise PublishOrderError(f"topic {topic} key {key!r}: events in Kafka are not a prefix of the batch")
+    # Order in Kafka of what was found must follow batch order within each partition.
+    pos = {e.event_id: i for i, e in enumerate(batch)}
+    last: dict = {}
+    for event_id, topic, partition, offset in sorted(found, key=lambda f: (f[1], f[2], f[3])):
+        if event_id not in pos:
+            continue
+        prev = last.get((topic, partition))
+        if prev is not None and pos[event_id] < prev:
+            raise PublishOrderError(f"{topic}[{partition}] holds event {event_id} out of batch order")
+        last[(topic, partition)] = pos[event_id]
+    return present & set(pos)

@@ -1,0 +1,15 @@
+"""Shared pytest fixtures."""
+from pathlib import Path
+
+import pytest
+
+# Real files written by Cassandra live in the `shared` directory next to the repository (never copied into it).
+CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
+
+
+@pytest.fixture(scope="session")
+def corpus() -> Path:
+    """Path of /work/shared/corpus (``shared/corpus`` beside the repo)."""
+    if not CORPUS.is_dir():
+        pytest.fail(f"corpus not found at {CORPUS}: clone/copy `shared/` next to the repository")
+    return CORPUS

@@ -1,0 +1,193 @@
+"""A small, deliberately naive model of what Cassandra shows for a table: the oracle for the state engine.
+
+It shares no code with ``cdc_lib.state``: it reads ``cdc_lib.model`` mutations directly, collects every
+write, and for each read decides the winner with a plain sort key and applies every deletion by scanning the
+full list of tombstones. Values are typed with ``cdc_lib.cqltypes`` and clustering order comes from
+``CqlType.sort_key`` (not from ``state.compare_values``).
+
+``visible_table(table, mutations, now)`` -> {(partition key bytes, clustering tuple | None): typed row}.
+Dropped columns and shadowable (materialized-view) deletions are outside this model.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from cdc_lib.cqltypes import decode_counter_context
+from cdc_lib.model import EXPIRED_LIVENESS_TTL, BoundKind, RangeTombstoneMarker
+
+STATIC = "static"
+_NEG = -(1 << 63)
+
+
+def _cell_rank(c):
+    """Cassandra 4.x reconciliation as one sort key: the greatest cell wins."""
+    dead = c.is_tombstone or c.ttl != 0
+    return (c.timestamp, dead, c.is_tombstone, c.local_deletion_time if dead else 0, c.value, c.ttl)
+
+
+def _liveness_rank(lv):
+    expiring_at = lv.local_expiration_time if lv.ttl else (1 << 31) - 1
+    return (lv.timestamp, lv.ttl == EXPIRED_LIVENESS_TTL, expiring_at, lv.ttl)
+
+
+def _ranges(markers):
+    """Pair start/boundary/end markers into (start values, start incl, end values, end incl, timestamp)."""
+    out = []
+    opened = None
+    for m in markers:
+        if m.kind in (BoundKind.INCL_START_BOUND, BoundKind.EXCL_START_BOUND):
+            opened = (m.clustering, m.kind == BoundKind.INCL_START_BOUND, m.deletion.marked_for_delete_at)
+        elif m.kind in (BoundKind.INCL_END_BOUND, BoundKind.EXCL_END_BOUND):
+            out.append((opened[0], opened[1], m.clustering, m.kind == BoundKind.INCL_END_BOUND, opened[2]))
+            opened = None
+        else:
+            end_incl = m.kind == BoundKind.INCL_END_EXCL_START_BOUNDARY
+            out.append((opened[0], opened[1], m.clustering, end_incl, m.end_deletion.marked_for_delete_at))
+            opened = (m.clustering, not end_incl, m.start_deletion.marked_for_delete_at)
+    return out
+
+
+def _compare(table, a, b):
+    """Order of two clustering prefixes on their common length."""
+    for col, x, y in zip(table.clustering, a, b):
+        kx, ky = col.type.sort_key(x), col.type.sort_key(y)
+        if kx != ky:
+            c = -1 if kx < ky else 1
+            return -c if col.reversed else c
+    return 0
+
+
+def _covers(table, rt, ck):
+    start, start_incl, end, end_incl, _ = rt
+    if start:
+        c = _compare(table, ck, start)
+        if c < 0 or (c == 0 and not start_incl):
+            return False
+    if end:
+        c = _compare(table, ck, end)
+        if c > 0 or (c == 0 and not end_incl):
+            return False
+    return True
+
+
+def _collect(mutations, table):
+    parts = defaultdict(lambda: {"pdel": [], "rts": [], "rows": defaultdict(
+        lambda: {"lv": [], "del": [], "cells": defaultdict(list), "cdel": defaultdict(list)})})
+    for m in mutations:
+        for u in m.updates:
+            if u.table_id != table.id:
+                continue
+            p = parts[u.partition_key]
+            if u.partition_deletion is not None and not u.partition_deletion.is_live:
+                p["pdel"].append(u.partition_deletion.marked_for_delete_at)
+            rows = ([u.static_row] if u.static_row is not None else []) + [
+                x for x in u.unfiltereds if not isinstance(x, RangeTombstoneMarker)]
+            p["rts"] += _ranges([x for x in u.unfiltereds if isinstance(x, RangeTombstoneMarker)])
+            for r in rows:
+                slot = p["rows"][STATIC if r.is_static else tuple(r.clustering)]
+                if r.liveness is not None:
+                    slot["lv"].append(r.liveness)
+                if r.deletion is not None and not r.deletion.is_live:
+                    slot["del"].append(r.deletion.marked_for_delete_at)
+                for col, d in r.complex_deletions.items():
+                    slot["cdel"][col].append(d.marked_for_delete_at)
+                for c in r.cells:
+                    slot["cells"][(c.column, c.path)].append(c)
+    return parts
+
+
+def _row_values(table, slot, deleted_at, now):
+    """({column: typed value} of live cells, row has live liveness) for one row."""
+    live_marker = False
+    if slot["lv"]:
+        lv = max(slot["lv"], key=_liveness_rank)
+        live_marker = (lv.timestamp > deleted_at and lv.ttl != EXPIRED_LIVENESS_TTL
+                       and (lv.ttl == 0 or now < lv.local_expiration_time))
+    values = {}
+    complex_items = defaultdict(list)
+    counters = defaultdict(list)
+    counter_dead = set()
+    for (col_name, path), cells in slot["cells"].items():
+        col = table.columns[col_name]
+        shadow = max([deleted_at] + slot["cdel"].get(col_name, []))
+        if col.type.kind == "counter":
+            for c in cells:
+                if c.timestamp <= shadow:
+                    continue
+                if c.is_tombstone:
+                    counter_dead.add(col_name)
+                else:
+                    counters[col_name].append(c)
+            continue
+        w = max(cells, key=_cell_rank)
+        if w.timestamp <= shadow or w.is_tombstone or (w.ttl != 0 and now >= w.local_deletion_time):
+            continue
+        if path is None:
+            values[col_name] = col.type.decode(w.value)
+        else:
+            complex_items[col_name].append((path, w.value))
+    for col_name, items in complex_items.items():
+        t = table.columns[col_name].type
+        items.sort(key=lambda pv: t.path_type.sort_key(pv[0]))
+        values[col_name] = t.decode_cells(items)
+    for col_name, cells in counters.items():
+        if col_name in counter_dead:
+            continue
+        best = {}
+        for c in cells:
+            for sh in decode_counter_context(c.value):
+                rank = ({"global": 2, "local": 1, "remote": 0}[sh.kind], sh.clock, sh.count)
+                if sh.counter_id not in best or rank > best[sh.counter_id]:
+                    best[sh.counter_id] = rank
+        values[col_name] = sum(r[2] for r in best.values())
+    return values, live_marker
+
+
+def visible_table(table, mutations, now):
+    """{(partition key, clustering tuple or None): typed row} as ``SELECT *`` would show at ``now``."""
+    out = {}
+    for pk, p in _collect(mutations, table).items():
+        pdel = max(p["pdel"], default=_NEG)
+        static_vals, static_live = {}, False
+        if STATIC in p["rows"]:
+            static_vals, static_live = _row_values(table, p["rows"][STATIC], pdel, now)
+            static_live = static_live or bool(static_vals)
+        pk_values = _split_key(table, pk)
+        base = {c.name: c.type.decode(v) for c, v in zip(table.partition_key, pk_values)}
+        found = False
+        for ck, slot in p["rows"].items():
+            if ck == STATIC:
+                continue
+            deleted_at = max([pdel] + slot["del"] + [rt[4] for rt in p["rts"] if _covers(table, rt, ck)])
+            vals, live = _row_values(table, slot, deleted_at, now)
+            if not live and not vals:
+                continue
+            found = True
+            row = _empty_row(table, base)
+            for c, v in zip(table.clustering, ck):
+                row[c.name] = c.type.decode(v)
+            row.update(static_vals)
+            row.update(vals)
+            out[(pk, ck)] = row
+        if not found and static_live:
+            row = _empty_row(table, base)
+            row.update(static_vals)
+            out[(pk, None)] = row
+    return out
+
+
+def _empty_row(table, base):
+    row = {c: None for c in table.columns}
+    row.update(base)
+    return row
+
+
+def _split_key(table, key):
+    if len(table.partition_key) == 1:
+        return [key]
+    out, i = [], 0
+    while i < len(key):
+        n = int.from_bytes(key[i:i + 2], "big")
+        out.append(key[i + 2:i + 2 + n])
+        i += 3 + n
+    return out
