@@ -334,7 +334,10 @@ class Agent:
         self.clock = clock
         self.state_dir = Path(config.state_dir)
         self.shipped_dir = self.state_dir / "shipped"
-        self.shipped_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.shipped_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"cannot create the agent's state directory {self.shipped_dir}: {e}") from None
         self.status_path = self.state_dir / "status.json"
         total = config.cdc_total_space or default_cdc_total_space(config.cdc_raw)
         self.space = SpaceMonitor(total, warn_fraction=config.warn_usage_fraction, window=config.rate_window)
@@ -590,7 +593,8 @@ class Agent:
 
     def _write_status(self) -> None:
         try:
-            _write_json_atomic(self.status_path, {**self._m, "time": time.time()})
+            # rewritten every poll: no fsync, a status lost in a power cut is rewritten by the next poll
+            _write_json_atomic(self.status_path, {**self._m, "time": time.time()}, durable=False)
         except OSError as e:
             log.warning("cannot write status file %s: %s", self.status_path, e)
 
@@ -608,12 +612,14 @@ def _read_json(path: Path) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-def _write_json_atomic(path: Path, value: Any) -> None:
+def _write_json_atomic(path: Path, value: Any, *, durable: bool = True) -> None:
+    """Write via a temporary file and rename (readers never see half a file); fsync unless not ``durable``."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(value, f, indent=2, sort_keys=True, default=str)
-        f.flush()
-        os.fsync(f.fileno())
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, path)
 
 

@@ -332,12 +332,16 @@ def _varint_bytes(v: int) -> bytes:
 
 def _zero(avro_type):
     """A placeholder datum of a required field (used only for an empty partition-key value)."""
-    t = avro_type.get("type") if isinstance(avro_type, dict) else avro_type
     if isinstance(avro_type, list):
-        return _zero(avro_type[0])
+        return None if "null" in avro_type else _zero(avro_type[0])
+    if isinstance(avro_type, dict):
+        if avro_type.get("logicalType") == "uuid":
+            return str(uuid.UUID(int=0))
+        if avro_type["type"] == "record":
+            return {f["name"]: _zero(f["type"]) for f in avro_type["fields"]}
+        avro_type = avro_type["type"]
     return {"int": 0, "long": 0, "string": "", "bytes": b"", "boolean": False, "float": 0.0, "double": 0.0,
-            "array": [], "map": {}}.get(t, {}) if t != "record" else {
-        f["name"]: _zero(f["type"]) for f in avro_type["fields"]}
+            "array": [], "map": {}, "null": None}[avro_type]
 
 
 def value_to_avro(t, v):
@@ -436,7 +440,7 @@ def value_from_avro(t, d):
     if k == "timestamp":
         return _TIMESTAMP.decode(d.to_bytes(8, "big", signed=True))
     if k == "time":
-        return CqlTime(d)
+        return CqlTime(d // 1000 * 1000)
     if k == "duration":
         return Duration(d["months"], d["days"], d["nanoseconds"])
     if k == "list" or k == "vector":
@@ -449,10 +453,8 @@ def value_from_avro(t, d):
             pairs = [(a, value_from_avro(vt, b)) for a, b in d.items()]
         else:
             pairs = [(value_from_avro(kt, e["key"]), value_from_avro(vt, e["value"])) for e in d]
-        try:
-            return CqlMap(pairs)
-        except TypeError:       # unhashable keys (lists, maps): cqltypes uses CqlPairs for those
-            return CqlPairs(pairs)
+        # As cqltypes decodes maps: CqlPairs when the key type's values are unhashable (lists, maps, vectors).
+        return CqlMap(pairs) if _hashable_values(kt) else CqlPairs(pairs)
     if k == "tuple":
         return tuple(value_from_avro(s, d.get(f"f{i}")) for i, s in enumerate(t.subtypes))
     if k == "udt":
@@ -463,11 +465,18 @@ def value_from_avro(t, d):
     raise SchemaError(f"CQL type {t.cql} ({k}) has no Avro mapping")
 
 
+def _hashable_values(t) -> bool:
+    if t.kind in ("list", "map", "vector"):
+        return False
+    if t.kind in ("set", "tuple", "udt"):
+        return all(_hashable_values(s) for s in t.subtypes)
+    return True
+
+
 def _row_to_avro(table: TableMetadata, row: Mapping, columns, required_kinds) -> dict:
     names = field_names([c.name for c in columns])
     out: dict = {}
     empties = []
-    builder = None
     for c in columns:
         v = row.get(c.name)
         if v is EMPTY:
@@ -475,9 +484,9 @@ def _row_to_avro(table: TableMetadata, row: Mapping, columns, required_kinds) ->
         if c.kind in required_kinds:
             if v is None:
                 raise CqlValueError(f"{table.qualified_name}: partition key column {c.name} is null")
-            if v is EMPTY:
-                builder = builder or _Builder(DEFAULT_NAMESPACE, table_namespace(table))
-                out[names[c.name]] = _zero(builder.type_of(c.type, names[c.name]))
+            if v is EMPTY:   # Cassandra refuses empty partition keys; kept exact should one ever appear
+                fresh = _Builder(DEFAULT_NAMESPACE, table_namespace(table))   # full definitions, no references
+                out[names[c.name]] = _zero(fresh.type_of(c.type, names[c.name]))
                 continue
         try:
             out[names[c.name]] = value_to_avro(c.type, v)
@@ -650,6 +659,9 @@ def compatibility_problems(writer: dict, reader: dict) -> list:
             for branch in r:
                 if check_quiet(w, branch):
                     return True
+            same = [b for b in r if kind(resolve(b, rn)) == kw]
+            if len(same) == 1:          # say what is wrong inside the branch that should have matched
+                return check(w, same[0], path)
             problems.append(f"{path}: writer type {kw} matches no branch of the reader union")
             return False
         if kw != kr and (kw, kr) not in _PROMOTIONS:
@@ -664,7 +676,7 @@ def compatibility_problems(writer: dict, reader: dict) -> list:
                 problems.append(f"{path}: record {w['name']} read as {r['name']}")
                 return False
             key = (id(w), id(r))
-            if key in seen:
+            if key in seen:             # a recursive record being checked further up
                 return True
             seen.add(key)
             wf = {f["name"]: f for f in w["fields"]}
@@ -675,6 +687,7 @@ def compatibility_problems(writer: dict, reader: dict) -> list:
                 elif "default" not in f:
                     problems.append(f"{path}.{f['name']}: reader field missing in writer and has no default")
                     ok = False
+            seen.discard(key)
             return ok
         if kw in ("enum", "fixed") and w.get("name", "").rsplit(".", 1)[-1] != r.get("name", "").rsplit(".", 1)[-1]:
             problems.append(f"{path}: {kw} {w.get('name')} read as {r.get('name')}")

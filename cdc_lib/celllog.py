@@ -213,15 +213,21 @@ def binary_array(values) -> pa.Array:
     """
     import numpy as np
     n = len(values)
-    mask = np.fromiter((v is None for v in values), dtype=bool, count=n)
-    nulls = int(mask.sum())
-    vs = [b"" if v is None else v for v in values] if nulls else values
+    nulls = values.count(None) if hasattr(values, "count") else sum(v is None for v in values)
+    if nulls:
+        mask = np.fromiter((v is None for v in values), dtype=bool, count=n)
+        vs = [b"" if v is None else v for v in values]
+    else:
+        mask = None
+        vs = values
     lens = np.fromiter(map(len, vs), dtype=np.int64, count=n)
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(lens, out=offsets[1:])
     if offsets[-1] >= 2**31:
         raise OverflowError("cell-log batch holds 2 GiB of binary data; use smaller batches")
     validity = pa.py_buffer(np.packbits(~mask, bitorder="little")) if nulls else None
+    if isinstance(vs, tuple):
+        vs = list(vs)
     return pa.Array.from_buffers(pa.binary(), n, [validity, pa.py_buffer(offsets.astype(np.int32)),
                                                   pa.py_buffer(b"".join(vs))], null_count=nulls)
 
@@ -281,6 +287,7 @@ def read_cell_log(paths, schema=None, *, schema_from_log: bool = False, keys=Non
     """
     import logging
     from .celllog_fast import FastCellLog
+    from .wire import EXTRA_BYTES
     from .commitlog import decode_entry, schema_source
     from .model import Mutation
     from .segment import Damage, SegmentReader
@@ -293,6 +300,8 @@ def read_cell_log(paths, schema=None, *, schema_from_log: bool = False, keys=Non
         counters.setdefault(k, 0)
     src = schema_source(schema, schema_from_log)
     fast = FastCellLog()
+    tables_by_raw_id: dict = {}     # 16 raw id bytes -> TableMetadata | None, for the schema in `cached_for`
+    cached_for = None
     for path in paths:
         entry_index = 0
         for rec in SegmentReader(path, keys=keys, start=start, stop=stop, strict=strict):
@@ -302,8 +311,17 @@ def read_cell_log(paths, schema=None, *, schema_from_log: bool = False, keys=Non
                 continue
             counters["entries"] += 1
             current = src.current()
-            tid = first_table_id(rec.data)
-            table = current.get(tid) if tid is not None else None
+            if current is not cached_for:
+                tables_by_raw_id = {}
+                cached_for = current
+            data = rec.data
+            p = 1 if data[0] < 0x80 else 1 + EXTRA_BYTES[data[0]]
+            raw_id = data[p:p + 16]
+            try:
+                table = tables_by_raw_id[raw_id]
+            except KeyError:
+                tid = first_table_id(data)
+                table = tables_by_raw_id[raw_id] = current.get(tid) if tid is not None else None
             if table is not None and table.keyspace in SYSTEM_KEYSPACES:
                 counters["system_entries"] += 1
                 if schema_from_log and table.keyspace == "system_schema":

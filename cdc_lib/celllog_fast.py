@@ -37,6 +37,9 @@ _CELL, _TOMB, _LIVE, _RDEL, _RDELS, _CDEL, _PDEL, _RT = (
     "partition_deletion", "range_tombstone")
 
 
+NFIELDS = 13   # values per record in FastCellLog.rows
+
+
 class _TableLayout:
     """What the hot loop needs of a table, precomputed once per TableMetadata."""
 
@@ -66,13 +69,13 @@ class FastCellLog:
     def __init__(self):
         self.updates = []      # per partition update: (segment, segment_id, position, entry_index, table_id,
                                #                        keyspace, table, partition_key, token)
-        self.rows = []         # per record: (update_index, clustering, clustering_end, start_incl,
+        self.rows = []         # flat: NFIELDS values per record: (update_index, clustering, clustering_end, start_incl,
                                #              end_incl, is_static, kind, column, path, value, ts, ttl, ldt)
         self._layouts = {}     # (id(schema), table id bytes) -> _TableLayout
         self._schema_ref = None
 
     def __len__(self):
-        return len(self.rows)
+        return len(self.rows) // NFIELDS
 
     def _layout(self, schema, tid: bytes):
         if self._schema_ref is not schema:           # a new schema version: drop layouts of the old one
@@ -105,19 +108,16 @@ class FastCellLog:
                 index[key] = len(self.updates)
                 self.updates.append((r["segment"], r["segment_id"], r["position"], r["entry_index"],
                                      r["table_id"], r["keyspace"], r["table"], r["partition_key"], r["token"]))
-            self.rows.append((index[key], r["clustering"], r["clustering_end"], r["start_inclusive"],
+            self.rows.extend((index[key], r["clustering"], r["clustering_end"], r["start_inclusive"],
                               r["end_inclusive"], r["is_static"], r["kind"], r["column"], r["path"], r["value"],
                               r["timestamp"], r["ttl"], r["local_deletion_time"]))
 
     def to_batch(self) -> pa.RecordBatch:
         ups = self.updates
         rows = self.rows
-        if rows:
-            (uidx, clustering, clustering_end, start_incl, end_incl, is_static, kind, column, path, value,
-             ts, ttl, ldt) = zip(*rows)
-        else:
-            uidx = clustering = clustering_end = start_incl = end_incl = is_static = kind = column = ()
-            path = value = ts = ttl = ldt = ()
+        # the flat list is transposed by strided slices (C speed)
+        (uidx, clustering, clustering_end, start_incl, end_incl, is_static, kind, column, path, value,
+         ts, ttl, ldt) = (rows[i::NFIELDS] for i in range(NFIELDS))
         idx_np = np.asarray(uidx, dtype=np.int32)
         idx = pa.array(idx_np)
         # records of one update are contiguous: seq = index - index of the update's first record
@@ -146,7 +146,7 @@ class FastCellLog:
 def decode_into(log: FastCellLog, buf: bytes, schema, mv: int, segment: str, segment_id: int, position: int,
                 entry_index: int) -> int:
     """The hot loop. Layout as in ``mutation.py`` (format reference §9-§17)."""
-    rows_append = log.rows.append
+    rows_append = log.rows.extend      # flat list: NFIELDS values per record
     unsigned_ldt = mv >= 13
     no_ldt_read = _M32 if unsigned_ldt else _NO_LDT
     end = len(buf)
@@ -321,7 +321,7 @@ def decode_into(log: FastCellLog, buf: bytes, schema, mv: int, segment: str, seg
             if has_cdel:                             # complex deletions are recorded before the row's cells
                 pending_cdel = []
                 cell_buf = []
-                cell_append = cell_buf.append
+                cell_append = cell_buf.extend
             else:
                 cell_append = rows_append
             for name, is_complex, fixed in row_cols:
@@ -333,7 +333,7 @@ def decode_into(log: FastCellLog, buf: bytes, schema, mv: int, segment: str, seg
                         x = (u if u < 0x80000000 else (u & _M32) - ((u & _B31) << 1)) + ldt0
                         cldt = (x & _M32) if unsigned_ldt else ((x + _B31) & _M32) - _B31
                         if cts != _NO_TS:
-                            pending_cdel.append((uidx, cl, None, None, None, is_static, _CDEL, name, None,
+                            pending_cdel.extend((uidx, cl, None, None, None, is_static, _CDEL, name, None,
                                                  None, cts, 0, cldt))
                     b = buf[p]
                     if b < 0x80:

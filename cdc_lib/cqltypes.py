@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import functools
 import ipaddress
 import math
 import os
@@ -538,6 +539,12 @@ class CqlType:
     Attributes: ``cql`` (canonical CQL string), ``kind``, ``fixed_length`` (bytes written with no length prefix
     in cells and clustering, Cassandra's ``valueLengthIfFixed``; None = variable, written with a uvint length),
     ``multicell`` (a non-frozen collection or UDT), ``subtypes``.
+
+    ``kind`` is the native type name (``"int"``, ``"text"``, ... ; varchar is ``"text"``), or ``"list"``,
+    ``"set"``, ``"map"``, ``"tuple"``, ``"udt"``, ``"vector"``, ``"counter"``, ``"empty"``, ``"custom"`` (raw
+    bytes) or ``"composite"`` (``CompositeType``, decodes to a tuple). Element types are in ``subtypes``; UDTs
+    also have ``keyspace``, ``name``, ``field_names``; vectors ``dimension``; custom types ``class_name``.
+    ``ReversedType(T)`` parses to T (use ``marshal_is_reversed`` on the string), legacy ``DateType`` to timestamp.
     """
     __slots__ = ("cql", "kind", "fixed_length", "multicell", "subtypes", "_hash")
 
@@ -2174,7 +2181,17 @@ def parse_type(text: str, keyspace: str | None = None, udts: Mapping | None = No
     Raises SchemaError for anything unparseable or an unknown UDT."""
     if not isinstance(text, str) or not text.strip():
         raise SchemaError(f"empty type string {text!r}")
+    if not udts:
+        return _parse_without_udts(text, keyspace)
     if _looks_like_marshal(text):
         return _parse_marshal(text)
     return _CqlParser(text, keyspace, udts).parse()
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_without_udts(text: str, keyspace: str | None) -> CqlType:
+    # Types are immutable, so parsed strings can be shared (headers and schemas repeat the same few strings).
+    if _looks_like_marshal(text):
+        return _parse_marshal(text)
+    return _CqlParser(text, keyspace, None).parse()
 

@@ -201,19 +201,41 @@ def apply_batch(table, states: dict, records: Iterable, now: int, *, cluster: st
                     whole = True
                     break
                 scope.add(s)
-            only = None if whole else scope
-            before = partition_images(table, part, now, only)
+            if whole:
+                only = None
+                before = partition_images(table, part, now, None)
+            else:
+                # Most writes change nothing (replica copies, losing late writes): apply them to copies of
+                # the rows in scope and compute the "before" images only when something changed.
+                only = scope
+                saved = {ck: part.rows.get(ck) for ck in scope}
+                for ck, row in saved.items():
+                    if row is not None:
+                        part.rows[ck] = row.copy()
             changed = False
             for rec in group:
                 if apply_record(table, part, rec) is not None:
                     changed = True
             if not changed:
                 continue
+            if not whole:
+                current = {ck: part.rows.get(ck) for ck in scope}
+                _swap_rows(part, saved)
+                before = partition_images(table, part, now, only)
+                _swap_rows(part, current)
             after = partition_images(table, part, now, only)
             last = group[-1]
             events += emitter.diff(pk, part, before, after, now, ts, last.get("segment"), last.get("position"),
                                    False)
     return events
+
+
+def _swap_rows(part: PartitionState, rows: dict) -> None:
+    for ck, row in rows.items():
+        if row is None:
+            part.rows.pop(ck, None)
+        else:
+            part.rows[ck] = row
 
 
 def snapshot_events(table, states: dict, now: int, *, cluster: str = "", node: str = "",

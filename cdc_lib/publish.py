@@ -43,7 +43,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Protocol
 
@@ -236,16 +236,18 @@ class KafkaPublisher:
                 self._fault("produced", index=i, count=len(todo))
             self._fault("before_flush")
             remaining = self._producer.flush(self.timeout_s)
+            if remaining:
+                raise PublishError(f"batch {batch_id}: {remaining} events not acknowledged after {self.timeout_s}s")
+            if errors:
+                # A failed event may have later ones of its partition after it in Kafka: the rerun's prefix
+                # check then refuses the batch (PublishOrderError) rather than publish out of order.
+                raise PublishError(f"batch {batch_id}: delivery failed: {errors[0]}")
         except BaseException:
             # Drop what is still queued and wait for what is in flight: otherwise this producer would keep
             # delivering after the caller retried with a new publisher, and the retry's scan would miss them.
             self._producer.purge(in_queue=True, in_flight=False)
             self._producer.flush(self.timeout_s)
             raise
-        if remaining:
-            raise PublishError(f"batch {batch_id}: {remaining} events not acknowledged after {self.timeout_s}s")
-        if errors:
-            raise PublishError(f"batch {batch_id}: delivery failed: {errors[0]}")
         self._fault("flushed")
 
         if self.verify:
@@ -267,7 +269,14 @@ class KafkaPublisher:
                 self._producer.poll(0.1)
 
     def close(self) -> None:
+        """Deliver anything still queued (nothing, after a successful publish_batch)."""
         self._producer.flush(self.timeout_s)
+
+    def __enter__(self) -> "KafkaPublisher":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # ---------------------------------------------------------------------------------------- kafka reads
     def ensure_topics(self, topics) -> None:
@@ -308,6 +317,9 @@ class KafkaPublisher:
             "enable.partition.eof": True,
             "auto.offset.reset": "earliest",
             "isolation.level": "read_uncommitted",
+            # The scan ends at end-of-partition; a broker that holds empty fetches for the default 500 ms
+            # would make every scan wait that long once per round.
+            "fetch.wait.max.ms": 10,
         })
 
     def _partitions(self, consumer, topic: str) -> list:
@@ -436,3 +448,245 @@ def _check_prefix(batch: list, found: list) -> set:
             raise PublishOrderError(f"{topic}[{partition}] holds event {event_id} out of batch order")
         last[(topic, partition)] = pos[event_id]
     return present & set(pos)
+
+
+# -------------------------------------------------------------------------------------------- serialization
+
+CONFLUENT_MAGIC = b"\x00"
+SINGLE_OBJECT_MAGIC = b"\xc3\x01"
+
+
+def confluent_frame(schema_id: int, body: bytes) -> bytes:
+    """Confluent wire format: magic byte 0, schema id (4 bytes big-endian), Avro binary body."""
+    return CONFLUENT_MAGIC + struct.pack(">I", schema_id) + body
+
+
+def confluent_unframe(data: bytes) -> tuple:
+    """(schema id, Avro body) of a Confluent-framed message; FormatError when it is not one."""
+    from .errors import FormatError
+    if len(data) < 5 or data[:1] != CONFLUENT_MAGIC:
+        raise FormatError("not a Confluent-framed Avro message (magic byte 0 + 4-byte schema id)")
+    return struct.unpack(">I", data[1:5])[0], data[5:]
+
+
+def schema_fingerprint(schema: dict) -> bytes:
+    """The 8-byte CRC-64-AVRO fingerprint of a schema's Parsing Canonical Form (little-endian, as the Avro
+    single-object encoding writes it)."""
+    from fastavro.schema import fingerprint, to_parsing_canonical_form
+    return bytes.fromhex(fingerprint(to_parsing_canonical_form(schema), "CRC-64-AVRO"))
+
+
+def single_object_unframe(data: bytes) -> tuple:
+    """(fingerprint, Avro body) of an Avro single-object-encoded message."""
+    from .errors import FormatError
+    if len(data) < 10 or data[:2] != SINGLE_OBJECT_MAGIC:
+        raise FormatError("not an Avro single-object message (C3 01 + 8-byte fingerprint)")
+    return data[2:10], data[10:]
+
+
+class SchemaRegistryClient:
+    """The few Confluent Schema Registry calls a producer needs, over plain HTTP, with ids cached.
+
+    Subjects follow the TopicNameStrategy: ``<topic>-key`` and ``<topic>-value``.
+    """
+
+    CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
+
+    def __init__(self, url: str, timeout_s: float = 10.0):
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+        self._ids: dict = {}        # (subject, canonical JSON) -> id
+        self._schemas: dict = {}    # id -> schema dict
+        self._lock = threading.Lock()
+
+    def _call(self, method: str, path: str, body: Optional[dict] = None) -> dict:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"Content-Type": self.CONTENT_TYPE, "Accept": self.CONTENT_TYPE})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                return json.loads(resp.read() or b"{}")
+        except urllib.error.HTTPError as e:
+            detail = e.read().decode("utf-8", "replace")[:500]
+            raise SchemaRegistryError(f"{method} {path}: HTTP {e.code}: {detail}") from None
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            raise SchemaRegistryError(f"{method} {self.url}{path}: {e}") from None
+
+    def register(self, subject: str, schema: dict) -> int:
+        """The id of ``schema`` under ``subject``, registering it if the registry does not have it yet."""
+        text = json.dumps(schema, sort_keys=True, separators=(",", ":"))
+        with self._lock:
+            cached = self._ids.get((subject, text))
+        if cached is not None:
+            return cached
+        answer = self._call("POST", f"/subjects/{urllib.request.quote(subject, safe='')}/versions",
+                            {"schema": text, "schemaType": "AVRO"})
+        if not isinstance(answer.get("id"), int):
+            raise SchemaRegistryError(f"register {subject}: no id in answer {answer!r}")
+        with self._lock:
+            self._ids[(subject, text)] = answer["id"]
+            self._schemas[answer["id"]] = schema
+        return answer["id"]
+
+    def schema(self, schema_id: int) -> dict:
+        """The schema registered under ``schema_id``."""
+        with self._lock:
+            cached = self._schemas.get(schema_id)
+        if cached is not None:
+            return cached
+        answer = self._call("GET", f"/schemas/ids/{int(schema_id)}")
+        try:
+            schema = json.loads(answer["schema"])
+        except (KeyError, TypeError, ValueError):
+            raise SchemaRegistryError(f"schema {schema_id}: unusable answer {answer!r}") from None
+        with self._lock:
+            self._schemas[schema_id] = schema
+        return schema
+
+
+class JsonCodec:
+    """Events as JSON (``avro.to_json_event``; keys as ``avro.to_json_key``), UTF-8, strict JSON (no NaN)."""
+
+    format = "json"
+
+    @staticmethod
+    def _dump(obj) -> bytes:
+        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+    def encode_key(self, topic: str, table, key: dict) -> bytes:
+        from .avro import to_json_key
+        return self._dump(to_json_key(table, key))
+
+    def encode_value(self, topic: str, table, event: dict) -> bytes:
+        from .avro import to_json_event
+        return self._dump(to_json_event(table, event))
+
+    def encode_schema_change(self, topic: str, change: dict) -> bytes:
+        return self._dump(_schema_change_datum(change))
+
+
+class AvroCodec:
+    """Events as Avro: Confluent wire format with ``registry``, else Avro single-object encoding.
+
+    Without a registry, each writer schema is stored once in ``schema_store`` (any LedgerStore) under
+    ``schemas/<fingerprint hex>.avsc`` so consumers can resolve the fingerprint in every message.
+    """
+
+    format = "avro"
+
+    def __init__(self, registry: Optional[SchemaRegistryClient] = None, *, namespace: str = "cdc",
+                 schema_store: Optional[LedgerStore] = None):
+        self.registry = registry
+        self.namespace = namespace
+        self.schema_store = schema_store
+        self._tables: dict = {}       # table identity -> (schema dicts, parsed schemas)
+        self._by_fingerprint: dict = {}
+        self._prefix: dict = {}       # (topic, role, id(schema)) -> frame prefix
+
+    def _schemas(self, table):
+        from .avro import table_schema_dicts, table_schemas
+        ident = (table.keyspace, table.name, repr(sorted((c.name, c.type.cql, c.kind, c.position)
+                                                         for c in table.columns.values())))
+        got = self._tables.get(ident)
+        if got is None:
+            got = self._tables[ident] = (table_schema_dicts(table, self.namespace),
+                                         table_schemas(table, self.namespace))
+        return got
+
+    def _frame(self, topic: str, role: str, schema: dict, parsed, datum) -> bytes:
+        import fastavro
+        key = (topic, role, id(schema))
+        prefix = self._prefix.get(key)
+        if prefix is None:
+            if self.registry is not None:
+                prefix = confluent_frame(self.registry.register(f"{topic}-{role}", schema), b"")
+            else:
+                fp = schema_fingerprint(schema)
+                self._by_fingerprint[fp] = schema
+                if self.schema_store is not None:
+                    name = f"schemas/{fp.hex()}.avsc"
+                    if not self.schema_store.exists(name):
+                        self.schema_store.put_bytes(name, json.dumps(schema, indent=1).encode())
+                prefix = SINGLE_OBJECT_MAGIC + fp
+            self._prefix[key] = prefix
+        buf = io.BytesIO()
+        buf.write(prefix)
+        fastavro.schemaless_writer(buf, parsed, datum)
+        return buf.getvalue()
+
+    def encode_key(self, topic: str, table, key: dict) -> bytes:
+        from .avro import to_avro_key
+        dicts, parsed = self._schemas(table)
+        return self._frame(topic, "key", dicts.key, parsed.key, to_avro_key(table, key))
+
+    def encode_value(self, topic: str, table, event: dict) -> bytes:
+        from .avro import to_avro_envelope
+        dicts, parsed = self._schemas(table)
+        return self._frame(topic, "value", dicts.envelope, parsed.envelope, to_avro_envelope(table, event))
+
+    def encode_schema_change(self, topic: str, change: dict) -> bytes:
+        import fastavro
+        from .avro import schema_change_schema
+        if not hasattr(self, "_change_schema"):
+            self._change_schema = schema_change_schema(self.namespace)
+            self._change_parsed = fastavro.parse_schema(json.loads(json.dumps(self._change_schema)))
+        return self._frame(topic, "value", self._change_schema, self._change_parsed, _schema_change_datum(change))
+
+    def writer_schema(self, data: bytes) -> dict:
+        """The writer schema a message names (registry id or fingerprint)."""
+        if data[:1] == CONFLUENT_MAGIC:
+            if self.registry is None:
+                raise SchemaRegistryError("a Confluent-framed message needs a schema registry to decode")
+            return self.registry.schema(confluent_unframe(data)[0])
+        fp, _ = single_object_unframe(data)
+        schema = self._by_fingerprint.get(fp)
+        if schema is None and self.schema_store is not None and self.schema_store.exists(f"schemas/{fp.hex()}.avsc"):
+            schema = self._by_fingerprint[fp] = json.loads(self.schema_store.get_bytes(f"schemas/{fp.hex()}.avsc"))
+        if schema is None:
+            raise SchemaRegistryError(f"unknown schema fingerprint {fp.hex()}")
+        return schema
+
+    def decode(self, data: bytes, reader_schema: Optional[dict] = None) -> dict:
+        """The Avro datum in a framed message (read with ``reader_schema`` when given)."""
+        import fastavro
+        writer = self.writer_schema(data)
+        body = confluent_unframe(data)[1] if data[:1] == CONFLUENT_MAGIC else single_object_unframe(data)[1]
+        return fastavro.schemaless_reader(io.BytesIO(body), fastavro.parse_schema(json.loads(json.dumps(writer))),
+                                          None if reader_schema is None else
+                                          fastavro.parse_schema(json.loads(json.dumps(reader_schema))))
+
+
+def _schema_change_datum(change: dict) -> dict:
+    return {"id": str(change["id"]), "keyspace": change["keyspace"], "table": change.get("table"),
+            "kind": change["kind"], "detail": change.get("detail"),
+            "table_id": None if change.get("table_id") is None else str(change["table_id"]),
+            "ts_us": change.get("ts_us"), "ts_ms": int(change["ts_ms"])}
+
+
+def outbox_events(codec, prefix: str, table, events: Iterable, start_seq: int = 0, *,
+                  tombstones: bool = False) -> list:
+    """Change events of one table -> OutboxEvents in order (``seq`` from ``start_seq``).
+
+    With ``tombstones`` a delete is followed by a Kafka tombstone (same key, null value; id ``<id>.tombstone``)
+    so that log compaction can drop the key, as Debezium does.
+    """
+    from .avro import event_key
+    topic = table_topic(prefix, table.keyspace, table.name)
+    out = []
+    seq = start_seq
+    for ev in events:
+        key = codec.encode_key(topic, table, event_key(table, ev))
+        out.append(OutboxEvent(str(ev["id"]), topic, key, codec.encode_value(topic, table, ev), seq))
+        seq += 1
+        if tombstones and ev["op"] == "d":
+            out.append(OutboxEvent(f"{ev['id']}.tombstone", topic, key, None, seq))
+            seq += 1
+    return out
+
+
+def schema_change_outbox_event(codec, prefix: str, change: dict, seq: int) -> OutboxEvent:
+    """A schema-change event (dict with id, keyspace, table, kind, detail, table_id, ts_us, ts_ms) for the
+    schema-change topic, keyed by ``keyspace.table`` so one table's changes stay in order."""
+    topic = schema_change_topic(prefix)
+    key = f"{change['keyspace']}.{change.get('table') or ''}".encode()
+    return OutboxEvent(str(change["id"]), topic, key, codec.encode_schema_change(topic, change), seq)

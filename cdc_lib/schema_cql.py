@@ -271,6 +271,8 @@ class _Loader:
         if st.accept_words("ALTER"):
             if st.accept_words("TABLE") or st.accept_words("COLUMNFAMILY"):
                 self.alter_table(st)
+            elif st.accept_words("TYPE"):
+                self.alter_type(st)
             return
         if st.accept_words("DROP"):
             self.drop(st)
@@ -287,6 +289,33 @@ class _Loader:
             at = st.peek()
             types.append(self.parse(st, st.type_text(), ks, at))
             st.accept_punct(",")
+        self.types[(ks, name)] = udt_type(ks, name, names, types, False)
+
+    def alter_type(self, st: _Statement) -> None:
+        st.accept_words("IF", "EXISTS")
+        ks, name = st.qualified_name(self.keyspace)
+        udt = self.types.get((ks, name))
+        if udt is None:
+            raise st.error(f"ALTER TYPE of unknown type {ks}.{name}")
+        names, types = list(udt.field_names), list(udt.subtypes)
+        if st.accept_words("ADD"):
+            st.accept_words("IF", "NOT", "EXISTS")
+            names.append(st.identifier())
+            at = st.peek()
+            types.append(self.parse(st, st.type_text(), ks, at))
+        elif st.accept_words("RENAME"):
+            st.accept_words("IF", "EXISTS")
+            while True:
+                old = st.identifier()
+                st.expect_word("TO")
+                new = st.identifier()
+                if old not in names:
+                    raise st.error(f"RENAME of unknown field {old} in type {ks}.{name}")
+                names[names.index(old)] = new
+                if not st.accept_words("AND"):
+                    break
+        else:
+            return
         self.types[(ks, name)] = udt_type(ks, name, names, types, False)
 
     def parse(self, st: _Statement, type_text: str, keyspace: str, at: Optional[_Tok] = None) -> CqlType:
@@ -474,7 +503,12 @@ class _Loader:
                     break
         elif st.accept_words("WITH"):
             self.table_options(st, table)
-        # ALTER ... TYPE (pre-3.10 type change) and anything newer: no effect on what we track
+        elif st.accept_words("ALTER"):     # ALTER col TYPE t (before 3.10)
+            col = st.identifier()
+            st.expect_word("TYPE")
+            if col not in table.columns:
+                raise st.error(f"ALTER of unknown column {col} in {ks}.{name}")
+            table.columns[col] = (self.column_type(st, ks), table.columns[col][1])
 
     def drop(self, st: _Statement) -> None:
         if st.accept_words("TABLE") or st.accept_words("COLUMNFAMILY") or st.accept_words("MATERIALIZED", "VIEW"):
@@ -566,10 +600,11 @@ class _Loader:
                 regulars = [(_unique("value", used, first_bare=True), value_type)]
         else:
             flags.add("compound")
-        # key columns in key order, then static and regular columns by name (as system_schema sources do)
+        # key columns in key order, then static and regular columns as declared (DESCRIBE declares them by
+        # name, which is the order the system_schema sources give)
         columns = {c.name: c for c in pk + ck}
-        columns.update((c, ColumnMetadata(c, ct, STATIC)) for c, ct in sorted(statics, key=lambda e: e[0]))
-        columns.update((c, ColumnMetadata(c, ct, REGULAR)) for c, ct in sorted(regulars, key=lambda e: e[0]))
+        columns.update((c, ColumnMetadata(c, ct, STATIC)) for c, ct in statics)
+        columns.update((c, ColumnMetadata(c, ct, REGULAR)) for c, ct in regulars)
         return TableMetadata(t.keyspace, t.name, table_id, pk, ck, columns, dict(t.dropped), frozenset(flags),
                              t.cdc)
 

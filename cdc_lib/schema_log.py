@@ -299,7 +299,9 @@ def _column_sig(c) -> tuple:
 
 
 def _table_sig(t: TableMetadata) -> tuple:
-    return (t.id, t.flags, t.cdc, tuple(_column_sig(c) for c in t.columns.values()),
+    # key columns by position; other columns as a set (sources differ in their order, Cassandra does not care)
+    return (t.id, t.flags, t.cdc, tuple(_column_sig(c) for c in t.partition_key + t.clustering),
+            tuple(sorted(_column_sig(c) for c in t.columns.values())),
             tuple(sorted((d.name, d.type.cql, d.dropped_time, d.kind) for d in t.dropped.values())))
 
 
@@ -346,6 +348,7 @@ class SchemaTracker:
     def __init__(self, base: Optional[Schema] = None):
         self.schema: Schema = with_system_schema(base)
         self._keyspaces: dict = {}     # keyspace name -> _KeyspaceState
+        self._problems: dict = {}      # keyspace name -> problems already reported (said once, not per mutation)
 
     def observe(self, mutation: Mutation) -> list:
         """Apply ``mutation`` if it writes system_schema; returns the SchemaChanges it made (often none)."""
@@ -394,9 +397,12 @@ class SchemaTracker:
         changes = []
         new_tables = dict(built.tables)
         new_types = dict(built.types)
+        reported = self._problems.get(keyspace, set())
+        self._problems[keyspace] = set(built.problems)
         for what, name, reason in built.problems:
-            changes.append(SchemaChange("error", keyspace, name, reason))
-            log.warning("schema from the commit log: %s", reason)
+            if (what, name, reason) not in reported:
+                changes.append(SchemaChange("error", keyspace, name, reason))
+                log.warning("schema from the commit log: %s", reason)
             # a definition we cannot build keeps its previous form rather than vanishing
             if what == "table" and name in old_tables:
                 new_tables[name] = old_tables[name]

@@ -36,8 +36,8 @@ Reconciliation follows Cassandra 4.0/5.0 (``Cells.resolveRegular``, ``LivenessIn
   count; the timestamp becomes the maximum. Cassandra *sums* two legacy local shards with the same id
   (pre-2.1 data only); that is not idempotent (replaying a commit log twice would double the count), so
   here they merge like global shards. The row shows the context's total.
-* row liveness: higher timestamp; then the MV "expired liveness" marker; then an expiring liveness with
-  the later expiry (a non-expiring one counts as expiring at ``NO_DELETION_TIME``); then the higher TTL.
+* row liveness: higher timestamp; then the MV "expired liveness" marker; then an expiring liveness beats
+  a non-expiring one; then the later expiry; then the higher TTL.
 * deletions: higher ``marked_for_delete_at``, then higher local deletion time. A deletion shadows data
   with a timestamp *at or below* it. Partition deletions shadow everything in the partition (static row
   included), range tombstones the clustering rows they cover, row deletions their row, complex deletions
@@ -57,10 +57,19 @@ values are part of every row's full image). A partition whose static row is live
 clustering row shows one row keyed ``(partition key, clustering = None)`` with null clustering columns, as
 CQL does; for a table without clustering columns the only row key is ``b""``.
 
-Public API: ``PartitionState``, ``RowState``, ``apply_record``, ``apply_records``, ``merge_partitions``,
-``reconcile_cells``, ``reconcile_counter_cells``, ``merge_counter_contexts``, ``counter_context_total``,
-``compare_values``, ``compare_clustering``, ``is_row_live``, ``visible_row``, ``visible_rows``,
-``row_image``, ``partition_to_records``, ``partition_from_records``, ``STATE_SCHEMA``.
+Public API:
+
+* joining: ``PartitionState``, ``RowState``, ``apply_record(table, part, rec)`` (returns what changed),
+  ``apply_records(table, states, records)`` ({partition key: PartitionState}), ``merge_partitions``;
+* reading at ``now``: ``visible_rows(table, pk, part, now)`` -> {row key: typed row},
+  ``visible_row(table, pk, part, key, now)``, ``is_row_live``; row keys are clustering bytes
+  (``celllog.encode_clustering``) or ``STATIC_KEY``; ``partition_images``/``row_image``/``typed_row`` are
+  the byte-level images events compare and their typed form;
+* storing: ``STATE_SCHEMA``, ``partition_to_records(pk, part)``, ``partition_from_records(records)``
+  (lossless), ``partition_cell_records`` (the state as cell-log records);
+* rules: ``reconcile_cells``, ``reconcile_counter_cells``, ``merge_counter_contexts``,
+  ``counter_context_total``, ``compare_values(type, a, b)``, ``compare_clustering``,
+  ``clustering_sort_key``, ``range_covers``, ``split_partition_key``.
 """
 from __future__ import annotations
 
@@ -128,10 +137,10 @@ def _liveness_wins(a: tuple, b: tuple) -> bool:
     b_exp = b[1] == EXPIRED_LIVENESS_TTL
     if a_exp != b_exp:
         return a_exp
-    a_ldt = a[2] if a[1] else NO_DELETION_TIME
-    b_ldt = b[2] if b[1] else NO_DELETION_TIME
-    if a_ldt != b_ldt:
-        return a_ldt > b_ldt
+    if bool(a[1]) != bool(b[1]):
+        return bool(a[1])          # expiring beats non-expiring, as for cells (CASSANDRA-14592)
+    if a[1] and a[2] != b[2]:
+        return a[2] > b[2]
     return a[1] >= b[1]
 
 
@@ -579,27 +588,54 @@ ALL_ROWS = "*"        # apply_record's "every row of the partition may have chan
 STATIC_ROW = "static"  # apply_record's "the static row changed"
 
 
+class _TableInfo:
+    """Per-table facts the hot loops need, computed once per table object (recomputed when its column or
+    dropped-column count changes; build a new TableMetadata rather than editing one in place)."""
+    __slots__ = ("shape", "counter", "lists", "complex", "drop_time", "current", "typed_columns")
+
+    def __init__(self, table, shape):
+        self.shape = shape
+        every = dict(table.dropped)
+        every.update(table.columns)
+        self.counter = frozenset(n for n, c in every.items() if _type_kind(c.type) == "counter")
+        self.complex = frozenset(n for n, c in every.items() if c.type.multicell)
+        self.lists = frozenset(n for n, c in table.columns.items() if _type_kind(c.type) == "list")
+        self.current = frozenset(table.columns)
+        self.drop_time = {n: d.dropped_time for n, d in table.dropped.items()}
+        self.typed_columns = [(c.name, c.kind, c.type, _type_kind(c.type) == "counter", bool(c.type.multicell))
+                              for c in table.columns.values() if c.kind not in ("partition_key", "clustering")]
+
+
+_INFO: dict = {}
+
+
+def _info(table) -> _TableInfo:
+    hit = _INFO.get(id(table))
+    if hit is not None and hit[0] is table:
+        info = hit[1]
+        if info.shape == (len(table.columns), len(table.dropped)):
+            return info
+    shape = (len(table.columns), len(table.dropped))
+    info = _TableInfo(table, shape)
+    if len(_INFO) > 4096:
+        _INFO.clear()
+    _INFO[id(table)] = (table, info)
+    return info
+
+
 def _is_counter_column(table, column: str) -> bool:
-    col = table.columns.get(column)
-    if col is None:
-        col = table.dropped.get(column)
-    if col is None:
-        return False
-    return _type_kind(col.type) == "counter"
+    return column in _info(table).counter
 
 
 def _is_list_column(table, column: str) -> bool:
-    col = table.columns.get(column)
-    return col is not None and _type_kind(col.type) == "list"
+    return column in _info(table).lists
 
 
 def _is_complex_column(table, column: str, has_path: bool) -> bool:
-    col = table.columns.get(column)
-    if col is None:
-        col = table.dropped.get(column)
-    if col is None:
-        return has_path
-    return bool(col.type.multicell)
+    info = _info(table)
+    if column in info.complex:
+        return True
+    return has_path and column not in info.current and column not in info.drop_time
 
 
 def apply_record(table, part: PartitionState, rec) -> object:
@@ -845,9 +881,10 @@ def _liveness_live(lv: Optional[tuple], now: int) -> bool:
 
 
 def _dropped_hides(table, column: str, ts: int) -> bool:
-    if column in table.columns:
-        d = table.dropped.get(column)
-        return d is not None and ts <= d.dropped_time
+    info = _info(table)
+    if column in info.current:
+        d = info.drop_time.get(column)
+        return d is not None and ts <= d
     return True     # cells of a column not in the table (dropped, not re-added) are never shown
 
 
@@ -870,25 +907,36 @@ def row_image(table, row: Optional[RowState], now: int, extra_shadow: int = NO_T
     """
     if row is None:
         return None
+    info = _info(table)
+    current, drop_time = info.current, info.drop_time
     shadow = max(extra_shadow, _effective_shadowable(row))
-    live = _liveness_live(row.liveness, now) and row.liveness[0] > shadow
+    lv = row.liveness
+    live = lv is not None and lv[0] > shadow and _liveness_live(lv, now)
     image = {}
     for col, cell in row.cells.items():
-        if cell[0] <= shadow or not _cell_live(cell, now) or _dropped_hides(table, col, cell[0]):
+        if cell[3] or cell[0] <= shadow or (cell[1] and now >= cell[2]) or col not in current:
+            continue
+        if drop_time and col in drop_time and cell[0] <= drop_time[col]:
             continue
         image[col] = cell[4]
     for col, (d, cells) in row.complex.items():
-        if _is_counter_column(table, col):
-            if col in row.cells and row.cells[col][0] > shadow:
+        if col not in current:
+            continue
+        floor = shadow
+        if drop_time and col in drop_time:
+            floor = max(floor, drop_time[col])
+        if col in info.counter:
+            tomb = row.cells.get(col)
+            if tomb is not None and tomb[0] > shadow:
                 continue      # a counter tombstone beats every counter cell (CASSANDRA-7346)
-            shards = [c for c in cells.values() if c[0] > shadow and not _dropped_hides(table, col, c[0])]
+            shards = [c for c in cells.values() if c[0] > floor]
             if shards:
                 image[col] = sum(_signed(c[4][9:17]) for c in shards)
             continue
         items = tuple(sorted((p, c[4]) for p, c in cells.items()
-                             if c[0] > shadow and _cell_live(c, now) and not _dropped_hides(table, col, c[0])))
+                             if c[0] > floor and not c[3] and (not c[1] or now < c[2])))
         if items:
-            if _is_list_column(table, col):
+            if col in info.lists:
                 # a list shows its values in cell-path (timeuuid) order; the paths themselves are invisible
                 pt = table.columns[col].type.path_type
                 items = tuple((None, v) for _, v in sorted(items, key=lambda pv: pt.sort_key(pv[0])))
@@ -955,19 +1003,17 @@ def typed_row(table, partition_key: bytes, key, images: Optional[tuple]) -> Opti
     for i, col in enumerate(table.clustering):
         v = ck_values[i] if key is not STATIC_KEY and i < len(ck_values) else None
         row[col.name] = None if v is None else _decode(col, v)
-    for col in table.columns.values():
-        if col.kind in ("partition_key", "clustering"):
-            continue
-        src = static_img if col.kind == "static" else img
-        v = None if src is None else src.get(col.name)
+    for name, kind, ctype, is_counter, is_complex in _info(table).typed_columns:
+        src = static_img if kind == "static" else img
+        v = None if src is None else src.get(name)
         if v is None:
-            row[col.name] = None
-        elif _type_kind(col.type) == "counter":
-            row[col.name] = v
-        elif col.type.multicell:
-            row[col.name] = col.type.decode_cells(_in_path_order(col.type, v))
+            row[name] = None
+        elif is_counter:
+            row[name] = v
+        elif is_complex:
+            row[name] = ctype.decode_cells(_in_path_order(ctype, v))
         else:
-            row[col.name] = _decode(col, v)
+            row[name] = ctype.decode(v)
     return row
 
 

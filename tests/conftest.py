@@ -13,3 +13,8 @@ def corpus() -> Path:
     if not CORPUS.is_dir():
         pytest.fail(f"corpus not found at {CORPUS}: clone/copy `shared/` next to the repository")
     return CORPUS
+
+
+# Real servers for tests (Tansu Kafka broker, SeaweedFS S3 on 127.0.0.1, stopped by PID): see tests/servers.py.
+# Session-scoped: kafka_broker (bootstrap str), s3_server (S3Server). Function-scoped: kafka_topic, s3_bucket.
+from servers import kafka_broker, kafka_topic, s3_bucket, s3_server  # noqa: E402,F401

@@ -26,8 +26,9 @@ def _cell_rank(c):
 
 
 def _liveness_rank(lv):
-    expiring_at = lv.local_expiration_time if lv.ttl else (1 << 31) - 1
-    return (lv.timestamp, lv.ttl == EXPIRED_LIVENESS_TTL, expiring_at, lv.ttl)
+    """LivenessInfo.supersedes as a sort key: timestamp, MV-expired, expiring over not, later expiry."""
+    return (lv.timestamp, lv.ttl == EXPIRED_LIVENESS_TTL, lv.ttl != 0, lv.local_expiration_time if lv.ttl else 0,
+            lv.ttl)
 
 
 def _ranges(markers):

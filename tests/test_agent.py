@@ -21,11 +21,6 @@ from cdc_lib.errors import ConfigError
 from cdc_lib.storage import Layout, ObjectStore, sha256_bytes
 from test_storage import _s3_store
 
-try:  # the real S3 server fixture (tests/servers.py)
-    from servers import s3_server  # noqa: F401
-except ImportError:
-    pass
-
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
 REAL_SEGMENT = CORPUS / "commitlog" / "4.0.11" / "CommitLog-7-1699285478684.log"
@@ -426,6 +421,33 @@ def test_synced_file_end_of_compressed_segments_written_section_by_section(tmp_p
     for logical, physical in boundaries:
         assert synced_file_end(Path(w.path), logical) == physical
     assert synced_file_end(Path(w.path), boundaries[0][0] - 1) is None
+
+
+def test_live_prefix_of_a_compressed_40_segment_cuts_at_section_ends(node):
+    """commitlog_compression on 4.0: the idx offset is logical, the chunks must end where a section ends."""
+    writer = pytest.importorskip("cdc_lib.writer")
+    w = writer.SegmentWriter(node / "commitlog", 321, version=7, compression="DeflateCompressor")
+    link = node / "cdc_raw" / w.name
+    os.link(w.path, link)  # Cassandra links the segment into cdc_raw when it creates it
+    agent = Agent(make_config(node, ship_live_prefix=True))
+    store = store_of(node)
+    for section in range(3):
+        for i in range(20):
+            w.add(bytes([section, i]) * (40 + i))
+        w.sync()
+        w._f.flush()  # the flush that precedes Cassandra's idx update
+        w.write_cdc_index(node / "cdc_raw")
+        agent.run_once()
+    w.close()
+    chunks = store.list(Layout.live_prefix("prod", "cass-1", w.name))
+    assert len(chunks) == 3
+    final = Path(w.path).read_bytes()
+    ends = [Layout.parse_live_chunk(k)[1] for k in chunks]
+    assert b"".join(store.get_bytes(k) for k in chunks) == final[:ends[-1]]
+    assert ends[-1] < len(final)  # the section written at close is not in any chunk
+    w.write_cdc_index(node / "cdc_raw", completed=True)
+    assert agent.run_once() == 1
+    assert store.get_bytes(incoming(w.name)) == final and not link.exists()
 
 
 def test_synced_file_end_of_an_uncompressed_segment_is_the_idx_offset(tmp_path, segment_bytes):

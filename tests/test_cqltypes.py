@@ -7,13 +7,12 @@ import decimal
 import hashlib
 import ipaddress
 import json
-import math
 import pickle
 import struct
 import uuid
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cdc_lib import cqltypes as ct

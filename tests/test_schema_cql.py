@@ -103,8 +103,8 @@ def test_missing_id_is_an_error_naming_the_table(caplog):
 def test_corpus_schema_file(corpus):
     path = corpus / "sstables" / "3.11-types" / "schema.cql"
     text = path.read_text()
-    live = [m for m in re.finditer(r"^CREATE TABLE IF NOT EXISTS testtypes1\.(\w+) \(id int PRIMARY KEY, (\w+) ([^)]+?)\)"
-                                   r" WITH", text, re.M)]
+    live = list(re.finditer(r"^CREATE TABLE IF NOT EXISTS testtypes1\.(\w+) "
+                            r"\(id int PRIMARY KEY, (\w+) ([^)]+?)\) WITH", text, re.M))
     with pytest.raises(SchemaError, match="testtypes1.ascii"):
         load_cql_schema(path)
     s = load_cql_schema(path, allow_missing_ids=True)
@@ -146,6 +146,18 @@ def test_compact_storage_layouts():
     assert counts.flags == {"counter"} and counts.is_counter
     assert [(c.name, c.type.cql) for c in counts.regular_columns] == [("value", "counter")]
     assert [(c.name, c.type.cql) for c in counts.clustering] == [("column1", "text")]
+
+
+def test_alter_type_and_column_type():
+    s = load_cql_schema(f"""
+        CREATE TYPE k.a (x int);
+        ALTER TYPE k.a ADD y text;
+        ALTER TYPE k.a RENAME x TO "X";
+        CREATE TABLE k.t (k int PRIMARY KEY, v frozen<a>, w int) WITH ID = {ID1};
+        ALTER TABLE k.t ALTER w TYPE varint;
+    """)
+    t = s.table(ID1)
+    assert t.columns["v"].type.field_names == ("X", "y") and t.columns["w"].type.cql == "varint"
 
 
 def test_counter_table_flags():

@@ -134,7 +134,8 @@ def test_same_metadata_as_the_cql_source():
     for tid in (ORDERS_ID, DENSE_ID):
         a, b = cql.table(tid), driver.table(tid)
         assert (a.qualified_name, a.flags, a.cdc) == (b.qualified_name, b.flags, b.cdc)
-        assert list(a.columns.values()) == list(b.columns.values())
+        assert a.columns == b.columns
+        assert a.partition_key == b.partition_key and a.clustering == b.clustering
         assert a.dropped == b.dropped
 
 

@@ -204,23 +204,28 @@ def test_last_write_wins_whatever_the_arrival_order():
 
 def test_alter_of_a_base_table_keeps_its_columns():
     base = load_cql_schema(f"""
-        CREATE TABLE {KS}.orders (customer text, placed timestamp, total decimal, gone int,
+        CREATE TYPE {KS}.geo (lat double, "Lon" double);
+        CREATE TABLE {KS}.orders (customer text, placed timestamp, total decimal, gone int, loc frozen<geo>,
                                   PRIMARY KEY (customer, placed))
           WITH CLUSTERING ORDER BY (placed DESC) AND ID = {TID};
         ALTER TABLE {KS}.orders DROP gone USING TIMESTAMP 1500000;
+        CREATE TABLE {KS}.untouched (k int PRIMARY KEY, z int, a int, m text) WITH ID = {uuid.UUID(int=7)};
     """)
     tracker = SchemaTracker(base)
+    untouched = tracker.schema.table(uuid.UUID(int=7))
     assert tracker.schema.table(TID).dropped["gone"].dropped_time == 1500000
     changes = feed(tracker, Mutation([supdate("tables", KS, [srow("tables", ("orders",),
                                                                   {"id": TID, "flags": {"compound"}}, 2000)]),
                                       supdate("columns", KS, column_rows("orders", [
                                           ("coupon", "regular", -1, "text", "none")], 2000))]))
-    assert [c.kind for c in changes] == ["column_added"]
+    assert [c.kind for c in changes] == ["column_added"]        # nothing said about the other table
+    assert tracker.schema.table(uuid.UUID(int=7)) is untouched
     t = tracker.schema.table(TID)
-    assert list(t.columns) == ["customer", "placed", "coupon", "total"]
+    assert set(t.columns) == {"customer", "placed", "coupon", "total", "loc"}
+    assert t.columns["loc"].type.field_names == ("lat", "Lon") and (KS, "geo") in tracker.schema.types
     assert t.clustering[0].reversed
     assert t.dropped["gone"].dropped_time == 1500000           # exact micros survive the row round trip
-    assert base.table(TID).columns.keys() == {"customer", "placed", "total"}
+    assert base.table(TID).columns.keys() == {"customer", "placed", "total", "loc"}
 
 
 def test_partial_definition_is_reported_not_invented():
@@ -233,6 +238,10 @@ def test_partial_definition_is_reported_not_invented():
     assert [(c.kind, c.name) for c in changes] == [("error", "orders")]
     assert "partition key" in changes[0].detail
     assert tracker.schema.get(TID) is None
+    # said once: a later unrelated change in the keyspace does not repeat it
+    changes = feed(tracker, create_table(KS, "other", uuid.UUID(int=9),
+                                         [("k", "partition_key", 0, "int", "none")], 2500))
+    assert [(c.kind, c.name) for c in changes] == [("table_created", "other")]
 
 
 def test_data_decodes_only_once_its_schema_is_known():

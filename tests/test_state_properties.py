@@ -223,8 +223,9 @@ def _key_of(table, row) -> tuple:
     return tuple(repr(row[c.name]) for c in table.partition_key + table.clustering)
 
 
-def run_scenario(seed: int, counter: bool, n_mutations: int = 25):
+def run_scenario(seed: int, counter: bool, n_mutations: int | None = None):
     rng = random.Random(seed)
+    n_mutations = n_mutations or rng.randint(5, 40)
     table = make_table(rng, counter)
     gen = Gen(rng, table)
     mutations = [Mutation([gen.update()]) for _ in range(n_mutations)]

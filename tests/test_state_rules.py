@@ -138,9 +138,10 @@ def test_update_without_liveness_row_dies_with_its_last_cell():
 def test_liveness_tie_later_expiry_wins():
     recs = [rec("row_liveness", 10, ck(1), ttl=5, ldt=NOW + 5), rec("row_liveness", 10, ck(1), ttl=9, ldt=NOW + 9)]
     assert row(recs, now=NOW + 6) is not None
-    # a non-expiring liveness outlives an expiring one of the same timestamp
-    assert row([rec("row_liveness", 10, ck(1)), rec("row_liveness", 10, ck(1), ttl=5, ldt=NOW + 5)],
-               now=NOW + 6) is not None
+    # on equal timestamps an expiring liveness beats a non-expiring one (LivenessInfo.supersedes)
+    recs = [rec("row_liveness", 10, ck(1)), rec("row_liveness", 10, ck(1), ttl=5, ldt=NOW + 5)]
+    assert row(recs, now=NOW + 4) is not None
+    assert row(recs, now=NOW + 5) is None
 
 
 # ---- deletions ---------------------------------------------------------------------------------------------
@@ -388,3 +389,14 @@ def _random_value(rng, t) -> bytes:
                 parts.append(struct.pack(">i", len(v)) + v)
         return b"".join(parts)
     raise AssertionError(k)
+
+
+def test_multi_column_partition_key_is_split_into_its_columns():
+    text = T("text")
+    cols = {"a": ColumnMetadata("a", INT, PARTITION_KEY, 0), "b": ColumnMetadata("b", text, PARTITION_KEY, 1),
+            "v": ColumnMetadata("v", INT, REGULAR)}
+    table = TableMetadata("ks", "multi", uuid.UUID(int=9), [cols["a"], cols["b"]], [], cols)
+    key = encode_clustering([INT.encode(3), text.encode("x")])   # CompositeType layout, as Cassandra keys it
+    part = PartitionState()
+    apply_record(table, part, dict(rec("cell", 5, b"", "v", INT.encode(1)), partition_key=key))
+    assert visible_rows(table, key, part, NOW) == {b"": {"a": 3, "b": "x", "v": 1}}

