@@ -58,8 +58,15 @@ The CQL *empty value* (zero bytes of a type for which that is not a value, ``cql
 exact: the column's field is null (a required partition-key field holds its type's zero) and the column's name
 is listed in the record's ``_cql_empty`` array. An empty value nested inside a tuple or UDT becomes null there.
 
-JSON (``to_json_row``, ``to_json_event``) uses ``CqlType.to_json`` for every value: the same event, readable
-without a schema (see ``cqltypes`` for the exact forms).
+JSON (``to_json_row``, ``to_json_key``, ``to_json_event``) uses ``CqlType.to_json`` for every value: the same
+event, readable without a schema (see ``cqltypes`` for the exact forms). ``from_json_row`` / ``from_json_key`` /
+``from_json_event`` read it back to the exact Python values (only NaN payload bits are not kept by JSON), so an
+outbox kept as JSON can still be published as Avro.
+
+API: ``table_schemas`` / ``table_schema_dicts`` (key, value, envelope), ``source_schema``,
+``schema_change_schema``; ``to_avro_row`` / ``from_avro_row``, ``to_avro_key`` / ``from_avro_key``,
+``to_avro_envelope`` / ``from_avro_envelope``, ``value_to_avro`` / ``value_from_avro``; the JSON functions above;
+``compatibility_problems(writer, reader)``.
 """
 from __future__ import annotations
 
@@ -68,6 +75,7 @@ import datetime
 import decimal
 import ipaddress
 import re
+import struct
 import uuid
 from collections.abc import Mapping
 from typing import NamedTuple, Optional
@@ -440,7 +448,7 @@ def value_from_avro(t, d):
     if k == "timestamp":
         return _TIMESTAMP.decode(d.to_bytes(8, "big", signed=True))
     if k == "time":
-        return CqlTime(d // 1000 * 1000)
+        return CqlTime(d)
     if k == "duration":
         return Duration(d["months"], d["days"], d["nanoseconds"])
     if k == "list" or k == "vector":
@@ -589,6 +597,155 @@ def to_json_event(table: TableMetadata, event: Mapping) -> dict:
     d["before"] = to_json_row(table, event.get("before"))
     d["after"] = to_json_row(table, event.get("after"))
     return d
+
+
+_DATE_RE = re.compile(r"^([+-]?\d{4,})-(\d{2})-(\d{2})$")
+_TIMESTAMP_RE = re.compile(r"^([+-]?\d{4,})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})\.(\d{3})Z$")
+_TIME_RE = re.compile(r"^(\d{2}):(\d{2}):(\d{2})\.(\d{9})$")
+_DURATION_UNIT_RE = re.compile(r"(\d+)(y|mo|ms|m|w|d|h|us|µs|ns|s)", re.IGNORECASE)
+_DURATION_NANOS = {"h": 3_600_000_000_000, "m": 60_000_000_000, "s": 1_000_000_000, "ms": 1_000_000,
+                   "us": 1000, "µs": 1000, "ns": 1}
+
+
+def _days_from_civil(y: int, m: int, d: int) -> int:
+    """Days since 1970-01-01 of a proleptic Gregorian date, for any year (inverse of the civil-from-days
+    conversion cqltypes prints dates with)."""
+    y -= m <= 2
+    era = y // 400
+    yoe = y - era * 400
+    doy = (153 * (m + (-3 if m > 2 else 9)) + 2) // 5 + d - 1
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    return era * 146097 + doe - 719468
+
+
+def _parse_duration(text: str) -> Duration:
+    body = text[1:] if text.startswith("-") else text
+    sign = -1 if text.startswith("-") else 1
+    months = days = nanos = 0
+    pos = 0
+    for m in _DURATION_UNIT_RE.finditer(body):
+        if m.start() != pos:
+            break
+        pos = m.end()
+        n, unit = int(m.group(1)), m.group(2).lower()
+        if unit == "y":
+            months += 12 * n
+        elif unit == "mo":
+            months += n
+        elif unit == "w":
+            days += 7 * n
+        elif unit == "d":
+            days += n
+        else:
+            nanos += n * _DURATION_NANOS[unit]
+    if pos != len(body) or not body:
+        raise ValueError(f"not a duration literal: {text!r}")
+    return Duration(sign * months, sign * days, sign * nanos)
+
+
+def value_from_json(t, j):
+    """Inverse of ``CqlType.to_json``: the Python value ``cqltypes`` would decode (NaN payloads aside)."""
+    if j is None:
+        return None
+    if isinstance(j, dict) and j.get("$empty") is True and len(j) == 1:
+        return EMPTY
+    k = t.kind
+    try:
+        if k in ("ascii", "text"):
+            if not isinstance(j, str):
+                raise TypeError(f"expected a string, got {type(j).__name__}")
+            return j
+        if k in ("blob", "custom"):
+            if not (isinstance(j, str) and j.startswith("0x")):
+                raise ValueError("expected 0x-prefixed hex")
+            return bytes.fromhex(j[2:])
+        if k == "boolean":
+            if not isinstance(j, bool):
+                raise TypeError("expected true or false")
+            return j
+        if k in ("tinyint", "smallint", "int", "bigint", "counter", "varint"):
+            if isinstance(j, bool) or not isinstance(j, (int, str)):
+                raise TypeError(f"expected an integer, got {j!r}")
+            return int(j)
+        if k == "decimal":
+            return decimal.Decimal(str(j))
+        if k in ("float", "double"):
+            v = float(j)            # also "NaN", "Infinity", "-Infinity"
+            return struct.unpack(">f", struct.pack(">f", v))[0] if k == "float" else v
+        if k in ("uuid", "timeuuid"):
+            return uuid.UUID(j)
+        if k == "inet":
+            return ipaddress.ip_address(j)
+        if k == "date":
+            m = _DATE_RE.match(j)
+            if not m:
+                raise ValueError(f"not a date: {j!r}")
+            days = _days_from_civil(int(m.group(1)), int(m.group(2)), int(m.group(3)))
+            return _DATE.decode((days + (1 << 31)).to_bytes(4, "big"))
+        if k == "timestamp":
+            m = _TIMESTAMP_RE.match(j)
+            if not m:
+                raise ValueError(f"not a timestamp: {j!r}")
+            y, mo, d, h, mi, sec, ms = (int(g) for g in m.groups())
+            millis = _days_from_civil(y, mo, d) * 86_400_000 + ((h * 60 + mi) * 60 + sec) * 1000 + ms
+            return _TIMESTAMP.decode(millis.to_bytes(8, "big", signed=True))
+        if k == "time":
+            m = _TIME_RE.match(j)
+            if not m:
+                raise ValueError(f"not a time: {j!r}")
+            h, mi, sec, ns = (int(g) for g in m.groups())
+            return CqlTime(((h * 60 + mi) * 60 + sec) * 1_000_000_000 + ns)
+        if k == "duration":
+            return _parse_duration(j)
+        if k in ("list", "vector"):
+            return [value_from_json(t.subtypes[0], x) for x in j]
+        if k == "set":
+            return CqlSet(value_from_json(t.subtypes[0], x) for x in j)
+        if k == "map":
+            kt, vt = t.subtypes
+            items = j.items() if isinstance(j, dict) else j
+            pairs = [(value_from_json(kt, a), value_from_json(vt, b)) for a, b in items]
+            return CqlMap(pairs) if _hashable_values(kt) else CqlPairs(pairs)
+        if k == "tuple":
+            vals = list(j) + [None] * (len(t.subtypes) - len(j))
+            return tuple(value_from_json(s, x) for s, x in zip(t.subtypes, vals))
+        if k == "udt":
+            return UdtValue((n, value_from_json(s, j.get(n))) for n, s in zip(t.field_names, t.subtypes))
+        if k == "empty":
+            raise ValueError("the empty type has only the empty value")
+    except CqlValueError:
+        raise
+    except (TypeError, ValueError, AttributeError, KeyError, OverflowError, decimal.InvalidOperation,
+            struct.error) as e:
+        raise _bad(t, f"cannot read JSON {j!r}: {e}") from None
+    raise SchemaError(f"CQL type {t.cql} ({k}) has no JSON mapping")
+
+
+def from_json_row(table: TableMetadata, row: Optional[Mapping]) -> Optional[dict]:
+    """Inverse of ``to_json_row`` (columns the table no longer has are dropped)."""
+    if row is None:
+        return None
+    out = {}
+    for c in _value_columns(table):
+        try:
+            out[c.name] = value_from_json(c.type, row.get(c.name))
+        except CqlValueError as e:
+            raise CqlValueError(f"{table.qualified_name}.{c.name}: {e}") from None
+    return out
+
+
+def from_json_key(table: TableMetadata, key: Mapping) -> dict:
+    return {c.name: value_from_json(c.type, key.get(c.name)) for c in _key_columns(table)}
+
+
+def from_json_event(table: TableMetadata, doc: Mapping) -> dict:
+    """Inverse of ``to_json_event``: an event dict as ``events`` builds it, e.g. to re-encode a JSON outbox
+    row as Avro."""
+    before, after = from_json_row(table, doc.get("before")), from_json_row(table, doc.get("after"))
+    ref = after if after is not None else before or {}
+    return {"id": doc["id"], "op": doc["op"], "key": {c.name: ref.get(c.name) for c in _key_columns(table)},
+            "before": before, "after": after, "changed": list(doc.get("changed") or []),
+            "source": dict(doc.get("source") or {}), "ts_ms": doc["ts_ms"]}
 
 
 # --------------------------------------------------------------------------------------- schema evolution

@@ -24,6 +24,8 @@ of every partition with an expiry in ``(prev_now, now]`` (``delta_store.DeltaRsS
 """
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
@@ -172,3 +174,32 @@ def _table(schema, table_id: str):
     if t is None:
         raise UnknownTableError(table_id)
     return t
+
+
+# ------------------------------------------------------------------------------------------- damage
+
+_NAME_BAD = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def node_of(path) -> str:
+    """The node a segment came from: its directory name (``incoming/<cluster>/<node>/<segment>``)."""
+    parent = os.path.basename(os.path.dirname(str(path).rstrip("/"))) or "unknown"
+    name = _NAME_BAD.sub("_", parent)
+    return name if name[:1].isalnum() else "n" + name
+
+
+def quarantine_damage(store, cluster: str, damage, *, source_path, batch_id: str) -> str:
+    """Write a ``segment.Damage`` (its bytes, and why) to quarantine in ``store`` (a ``storage.ObjectStore``).
+
+    Key: ``quarantined/<cluster>/<node>/<segment>.<position>.<kind>`` with ``<key>.reason.json`` beside it;
+    deterministic, so quarantining the same damage again rewrites the same objects. Returns the key.
+    """
+    from .storage import Layout
+    seg = _NAME_BAD.sub("_", os.path.basename(damage.segment or str(source_path)))
+    key = Layout.quarantined(cluster, node_of(source_path), f"{seg}.{damage.position}.{damage.kind}")
+    reason = {"batch_id": batch_id, "segment": damage.segment, "source_path": str(source_path),
+              "position": damage.position, "physical_position": damage.physical_position, "kind": damage.kind,
+              "reason": damage.reason, "bytes": len(damage.data)}
+    store.put_json(Layout.reason(key), reason)
+    store.put_bytes(key, damage.data)
+    return key

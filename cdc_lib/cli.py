@@ -3,6 +3,7 @@
     cassandra-cdc inspect [--schema FILE | --schema-from-log] [--keystore PATH --keystore-password PW |
                           --key ALIAS=HEX] [--format json|text] [--strict] SEGMENT...
     cassandra-cdc agent ...          (see ``cassandra-cdc agent --help``)
+    cassandra-cdc demo [--mutations N] (the main job on embedded defaults; see ``cdc_lib.demo``)
 
 ``inspect`` exit status: 0 when every byte was read (entries of tables the schema does not know are reported
 as ``kind: "error"`` records but are not damage), 2 when a segment is damaged (CRC mismatch, broken framing,
@@ -93,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("--strict", action="store_true", help="stop with an error at the first damaged byte")
     ins.add_argument("segments", nargs="+", metavar="SEGMENT")
     sub.add_parser("agent", help="ship cdc_raw segments to object storage (see: agent --help)", add_help=False)
+    sub.add_parser("demo", help="run the whole pipeline on embedded servers (see: demo --help)", add_help=False)
     return p
 
 
@@ -101,6 +103,9 @@ def main(argv=None) -> int:
     if argv and argv[0] == "agent":
         from .agent import agent_main
         return agent_main(argv[1:])
+    if argv and argv[0] == "demo":
+        from .demo import demo_main
+        return demo_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         if args.command == "inspect":

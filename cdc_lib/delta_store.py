@@ -60,6 +60,8 @@ columns.
 """
 from __future__ import annotations
 
+import datetime
+import functools
 import json
 import os
 from typing import Iterable, Iterator, Optional, Protocol
@@ -67,9 +69,14 @@ from typing import Iterable, Iterator, Optional, Protocol
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .avro import to_json_event, to_json_key
+from .batch import process_cell_log
+from .cqltypes import EMPTY
 from .errors import CdcError, SchemaError
+from .events import partition_next_expiry
+from .murmur3 import token as murmur3_token
 from .state import (STATE_SCHEMA, STATIC_KEY, PartitionState, partition_from_records, partition_images,
-                    partition_to_records, split_partition_key, typed_row)
+                    partition_to_records, typed_row)
 from .storage import Layout
 
 DEFAULT_APP_ID = "cassandra-cdc"
@@ -121,55 +128,79 @@ def _is_primitive(at: pa.DataType) -> bool:
 
 def to_arrow_value(t, v):
     """A decoded CQL value (``CqlType.decode``) -> the Python value Arrow builds ``arrow_type(t)`` from."""
-    from .cqltypes import EMPTY
-    if v is None or v is EMPTY:
-        return None
+    return _converter(t)(v)
+
+
+_EPOCH_DATE = datetime.date(1970, 1, 1)
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+_MS = datetime.timedelta(milliseconds=1)
+
+
+def _none_or(f):
+    def conv(v):
+        if v is None or v is EMPTY:
+            return None
+        return f(v)
+    return conv
+
+
+def _date_days(v):
+    days = getattr(v, "days", None)
+    return days if days is not None else (v - _EPOCH_DATE).days
+
+
+def _timestamp_us(v):
+    ms = getattr(v, "millis", None)
+    if ms is None:
+        ms = (v - _EPOCH) // _MS
+    us = ms * 1000
+    return us if _I64_MIN <= us <= _I64_MAX else None
+
+
+@functools.lru_cache(maxsize=4096)
+def _converter(t):
+    """A function decoded value -> Arrow-ready value for CQL type ``t`` (built once per type)."""
     k = t.kind
     if k in ("ascii", "text", "varchar", "boolean", "tinyint", "smallint", "int", "bigint", "float", "double"):
-        return v
-    if k in ("blob", "custom", "empty"):
-        return bytes(v) if k != "empty" else None
+        return _none_or(lambda v: v)
+    if k in ("blob", "custom"):
+        return _none_or(bytes)
+    if k == "empty":
+        return lambda v: None
     if k == "counter":
-        return int(v)
+        return _none_or(int)
     if k in ("varint", "uuid", "timeuuid", "inet"):
-        return str(v)
+        return _none_or(str)
     if k == "decimal":
-        return t.to_json(v)
+        return _none_or(t.to_json)
     if k == "date":
-        days = getattr(v, "days", None)
-        if days is None:
-            import datetime
-            days = (v - datetime.date(1970, 1, 1)).days
-        return days
+        return _none_or(_date_days)
     if k == "time":
-        return v.nanoseconds
+        return _none_or(lambda v: v.nanoseconds)
     if k == "timestamp":
-        ms = getattr(v, "millis", None)
-        if ms is None:
-            import datetime
-            ms = (v - datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)) // datetime.timedelta(
-                milliseconds=1)
-        us = ms * 1000
-        return us if _I64_MIN <= us <= _I64_MAX else None
+        return _none_or(_timestamp_us)
     if k == "duration":
-        return {"months": v.months, "days": v.days, "nanoseconds": v.nanoseconds}
+        return _none_or(lambda v: {"months": v.months, "days": v.days, "nanoseconds": v.nanoseconds})
     if k in ("list", "set", "vector"):
-        et = t.subtypes[0]
-        return [to_arrow_value(et, x) for x in v]
+        ec = _converter(t.subtypes[0])
+        return _none_or(lambda v: [ec(x) for x in v])
     if k == "map":
-        kt, vt = t.subtypes
-        pairs = [(to_arrow_value(kt, a), to_arrow_value(vt, b)) for a, b in v.items()]
-        if _is_primitive(arrow_type(kt)):
-            if any(a is None for a, _ in pairs):
-                return None       # an empty-value key cannot be an Arrow map key; exact in _cdc_cells
-            return pairs
-        return [{"key": a, "value": b} for a, b in pairs]
+        kc, vc = (_converter(s) for s in t.subtypes)
+        if _is_primitive(arrow_type(t.subtypes[0])):
+            def as_map(v):
+                pairs = [(kc(a), vc(b)) for a, b in v.items()]
+                if any(a is None for a, _ in pairs):
+                    return None     # an empty-value key cannot be an Arrow map key; exact in _cdc_cells
+                return pairs
+            return _none_or(as_map)
+        return _none_or(lambda v: [{"key": kc(a), "value": vc(b)} for a, b in v.items()])
     if k == "tuple":
-        vals = list(v) + [None] * (len(t.subtypes) - len(v))
-        return {f"f{i}": to_arrow_value(s, x) for i, (s, x) in enumerate(zip(t.subtypes, vals))}
+        convs = [(f"f{i}", _converter(s)) for i, s in enumerate(t.subtypes)]
+        n = len(convs)
+        return _none_or(lambda v: {name: c(x) for (name, c), x in zip(convs, list(v) + [None] * (n - len(v)))})
     if k == "udt":
-        return {n: to_arrow_value(s, v.get(n) if hasattr(v, "get") else None)
-                for n, s in zip(t.field_names, t.subtypes)}
+        convs = [(n, _converter(s)) for n, s in zip(t.field_names, t.subtypes)]
+        return _none_or(lambda v: {n: c(v.get(n)) for n, c in convs})
     raise SchemaError(f"no Arrow value for CQL type {t}")
 
 
@@ -223,8 +254,6 @@ def _typed(table, row: Optional[dict]) -> dict:
 def partition_rows(table, partition_key: bytes, part: PartitionState, now: int, batch_seq: int,
                    token: Optional[int] = None) -> list:
     """The state rows (dicts, ``state_arrow_schema``) of one partition as of ``now``."""
-    from .events import partition_next_expiry
-    from .murmur3 import token as murmur3_token
     tok = murmur3_token(partition_key) if token is None else token
     images = partition_images(table, part, now)
     next_expiry = partition_next_expiry(part, now)
@@ -271,7 +300,6 @@ def change_rows(table, partition_key: bytes, prior: Optional[PartitionState], ne
         present = {(r["_cdc_row_kind"], r["_cdc_clustering"]) for r in rows}
         tok = rows[0]["_cdc_token"] if rows else None
         if tok is None:
-            from .murmur3 import token as murmur3_token
             tok = murmur3_token(partition_key) if token is None else token
         for rec in partition_to_records(partition_key, prior):
             ident = _record_identity(rec)
@@ -318,7 +346,6 @@ OUTBOX_SCHEMA = pa.schema([
 
 def outbox_row(table, event: dict, batch_id: str, batch_seq: int, seq: int) -> dict:
     """One outbox row for an event of ``events``."""
-    from .avro import to_json_event, to_json_key
     return {
         "batch_id": batch_id, "batch_seq": batch_seq, "seq": seq, "event_id": event["id"],
         "keyspace": table.keyspace, "table": table.name, "op": event["op"],
@@ -405,14 +432,16 @@ class DeltaRsStateStore:
 
     def read_state_rows(self, table, keys: Iterable[bytes], columns: Optional[list] = None) -> pa.Table:
         """The stored rows of the partitions ``keys`` (metadata columns unless ``columns``)."""
-        from .murmur3 import token as murmur3_token
         keys = set(keys)
         ds = self._dataset(table)
         cols = columns or [c for c in META_COLUMNS if c in (ds.schema.names if ds is not None else ())]
         if ds is None or not keys:
             return pa.table({c: pa.array([], META_SCHEMA.field(c).type) for c in META_COLUMNS})
-        tokens = pa.array(sorted({murmur3_token(k) for k in keys}), pa.int64())
-        t = ds.to_table(columns=cols, filter=pc.field("_cdc_token").isin(tokens))
+        tokens = sorted({murmur3_token(k) for k in keys})
+        # the range test lets Parquet statistics skip row groups; the set test picks the partitions
+        f = ((pc.field("_cdc_token") >= tokens[0]) & (pc.field("_cdc_token") <= tokens[-1])
+             & pc.field("_cdc_token").isin(pa.array(tokens, pa.int64())))
+        t = ds.to_table(columns=cols, filter=f)
         mask = pc.is_in(t["_cdc_partition_key"], value_set=pa.array(list(keys), pa.binary()))
         return t.filter(mask)
 
@@ -514,9 +543,7 @@ class DeltaRsStateStore:
             if r.changed:
                 rows += change_rows(table, r.partition_key, r.prior, r.state, now, batch_seq, r.token)
         if not rows:
-            # still record the batch, so a rerun knows this table is done
-            rows_t = rows_to_arrow(table, [])
-            return self.commit(table, batch_seq, rows_t)
+            return False       # nothing to write; a rerun recomputes the same nothing
         return self.commit(table, batch_seq, rows_to_arrow(table, rows))
 
 
@@ -608,7 +635,6 @@ def run_store_batch(store: DeltaRsStateStore, schema, cell_log_batches, *, batch
 
     Returns {"events": n, "tables": {qualified name: partitions written}, "outbox_written": bool}.
     """
-    from .batch import process_cell_log
     out = process_cell_log(schema, cell_log_batches, store.read_partitions, now, prev_now=prev_now,
                            expiring_keys=store.expiring_keys, cluster=cluster)
     events = []

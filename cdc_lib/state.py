@@ -249,7 +249,7 @@ def _unsigned(b: bytes) -> int:
     return int.from_bytes(b, "big", signed=False)
 
 
-def _read_elements(data: bytes, n_hint: int | None = None) -> list:
+def _read_elements(data: bytes) -> list:
     """Elements of a frozen collection: int32 count, then int32 length + bytes per element (-1 = null)."""
     n = struct.unpack_from(">i", data, 0)[0]
     pos = 4

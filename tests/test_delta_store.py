@@ -9,7 +9,6 @@ import datetime
 import decimal
 import json
 import random
-import uuid
 from pathlib import Path
 
 import pyarrow as pa
@@ -221,7 +220,6 @@ def test_failure_between_outbox_and_state_then_rerun(tmp_path):
 
 def test_every_cql_type_has_a_natural_arrow_column_and_reads_back_from_delta(tmp_path):
     table = SCHEMA.by_name("shop", "all_types")
-    rng = random.Random(11)
     w = Workload(SCHEMA, seed=11, tables=["all_types"], partitions=5)
     muts = [m for m in w.mutations(60)]
     store = DeltaRsStateStore(str(tmp_path))

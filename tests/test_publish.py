@@ -109,12 +109,14 @@ def run_crashing(bootstrap, ledger, batch_id, batch, point, index=None, acked=Fa
                 for e in batch]]
     proc = subprocess.run([sys.executable, "-c", CRASH_SCRIPT.format(repo=str(REPO))], input=json.dumps(payload),
                           text=True, capture_output=True, timeout=120)
+    if proc.returncode != 17:
+        print(proc.stderr[-3000:])   # shown by pytest when the test fails
     return proc.returncode
 
 
 CRASH_POINTS = [("intent_written", None), ("scanned", None), ("produced", 0), ("produced", 12),
-                ("produced", 29), ("before_flush", None), ("flushed", None), ("verified", None),
-                ("ledger_written", None)]
+                ("before_flush", None), ("delivered", 0), ("delivered", 17),
+                ("flushed", None), ("verified", None), ("ledger_written", None)]
 
 
 @pytest.mark.parametrize("point,index", CRASH_POINTS, ids=[f"{p}-{i}" for p, i in CRASH_POINTS])
@@ -168,7 +170,8 @@ def test_repeated_crashes_then_completion(kafka_broker, tmp_path):
     assert_exactly_once_in_order(kafka_broker, batch)
 
 
-@pytest.mark.parametrize("point,index", [("produced", 9), ("before_flush", None), ("flushed", None)])
+@pytest.mark.parametrize("point,index", [("produced", 9), ("delivered", 5), ("before_flush", None),
+                                         ("flushed", None)])
 def test_exception_inside_a_step_then_retry_in_the_same_process(kafka_broker, tmp_path, point, index):
     prefix = "cdc" + uuid.uuid4().hex[:8]
     batch = make_batch(prefix)
@@ -390,6 +393,19 @@ def test_json_codec_and_tombstones(orders):
     doc = json.loads(outbox[2].value)
     assert doc["op"] == "u" and doc["after"]["price"] == "2.20" and doc["before"]["price"] == "0.00"
     assert json.loads(outbox[0].key) == {"id": str(uuid.UUID(int=1)), "line": 1}
+
+
+def test_json_outbox_rows_re_encode_as_avro(registry, orders):
+    from cdc_lib.avro import to_json_event, to_json_key
+    from cdc_lib.publish import avro_from_json_outbox
+    codec = AvroCodec(SchemaRegistryClient(registry.url))
+    direct = outbox_events(codec, "cdc", orders, order_events(orders))
+    for ev, ob in zip(order_events(orders), direct):
+        key, value = avro_from_json_outbox(codec, orders, "cdc.shop.orders", json.dumps(to_json_key(orders, ev["key"])),
+                                           json.dumps(to_json_event(orders, ev)))
+        assert (key, value) == (ob.key, ob.value), "byte-identical to encoding the typed event"
+    assert avro_from_json_outbox(codec, orders, "cdc.shop.orders", json.dumps(to_json_key(orders, ev["key"])),
+                                 None)[1] is None
 
 
 def test_registry_errors_are_typed(registry):

@@ -1,6 +1,7 @@
 """The test servers work for real and are gone when their fixture ends (checked by PID and port)."""
 from __future__ import annotations
 
+import re
 import socket
 import time
 import uuid
@@ -184,3 +185,56 @@ def test_s3_server_is_stopped_when_the_test_body_fails(tmp_path):
         with run_s3_server(tmp_path / "weed") as server:
             1 / 0
     assert gone(server.pid)
+
+
+# -------------------------------------------------------------------------------------- Spark and Airflow
+
+def test_spark_session_runs_map_in_arrow_in_the_venv_python(spark_session):
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def double(batches):
+        for batch in batches:
+            yield pa.RecordBatch.from_arrays([pc.multiply(batch.column(0), 2)], names=["x"])
+
+    rows = spark_session.range(0, 1000, numPartitions=2).mapInArrow(double, "x long").collect()
+    assert sorted(r.x for r in rows) == [2 * i for i in range(1000)]
+
+
+TRIVIAL_DAG = '''
+import pendulum
+from airflow.sdk import dag, task
+
+
+@dag(schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), catchup=False)
+def servers_smoke():
+    @task
+    def make() -> int:
+        return 21
+
+    @task
+    def double(x: int) -> int:
+        print(f"doubled={x * 2}")
+        return x * 2
+
+    double(make())
+
+
+servers_smoke()
+'''
+
+
+def test_airflow_dags_test_runs_a_taskflow_dag_on_sqlite(airflow_home, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "smoke_dag.py").write_text(TRIVIAL_DAG)
+    env = airflow_home | {"AIRFLOW__CORE__DAGS_FOLDER": str(tmp_path)}
+    airflow = Path(sys.executable).parent / "airflow"
+    done = subprocess.run([str(airflow), "dags", "test", "servers_smoke"], env=env, capture_output=True,
+                          text=True, timeout=400, stdin=subprocess.DEVNULL)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    assert "doubled=42" in output
+    assert re.search(r"DagRun Finished: dag_id=servers_smoke,.*state=success", output), output[-4000:]

@@ -13,9 +13,9 @@ import uuid
 from hypothesis import given, settings, strategies as st
 
 from cdc_lib import cqltypes
-from cdc_lib.celllog import decode_clustering, encode_clustering, mutation_records
+from cdc_lib.celllog import decode_clustering, mutation_records
 from cdc_lib.events import expiry_sweep, process
-from cdc_lib.model import (LIVE, BoundKind, Cell, DeletionTime, LivenessInfo, Mutation, PartitionUpdate,
+from cdc_lib.model import (BoundKind, Cell, DeletionTime, LivenessInfo, Mutation, PartitionUpdate,
                            RangeTombstoneMarker, Row, NO_DELETION_TIME)
 from cdc_lib.schema import CLUSTERING, PARTITION_KEY, REGULAR, STATIC, ColumnMetadata, TableMetadata
 from cdc_lib.state import (PartitionState, apply_records, merge_partitions, partition_from_records,

@@ -13,7 +13,7 @@ from cdc_lib import cqltypes
 from cdc_lib.celllog import encode_clustering
 from cdc_lib.model import NO_DELETION_TIME
 from cdc_lib.schema import CLUSTERING, PARTITION_KEY, REGULAR, STATIC, ColumnMetadata, DroppedColumn, TableMetadata
-from cdc_lib.state import (STATE_SCHEMA, STATIC_KEY, PartitionState, StateError, apply_record, apply_records,
+from cdc_lib.state import (STATE_SCHEMA, STATIC_KEY, PartitionState, StateError, apply_record,
                            compare_values, counter_context_total, merge_counter_contexts, partition_from_records,
                            partition_to_records, reconcile_cells, visible_row, visible_rows)
 

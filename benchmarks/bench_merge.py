@@ -1,0 +1,271 @@
+"""Benchmark (not a test): merge N changes into an M-row Delta state, next to a plain deltalake upsert.
+
+    .venv/bin/python benchmarks/bench_merge.py --state-rows 10000000 --changes 1000000
+
+Table ``bench.kv (id bigint PRIMARY KEY, v text, n int)``. The state table (typed columns plus the ``_cdc_*``
+metadata, exactly as ``delta_store`` writes it) is generated vectorised with Arrow (checked against
+``delta_store.partition_rows`` on a sample), so building it is not what is measured. A change is
+``UPDATE kv SET v = ?, n = ? WHERE id = ?`` (two cell-log records) on distinct ids, ``--new-fraction`` of them
+new. Measured, in one run:
+
+* **cdc merge**: the whole batch as the pipeline runs it (``delta_store.run_store_batch``): read the prior
+  state of the touched partitions from Delta, reconcile, build events, append the outbox, MERGE the state.
+  Phases are timed separately.
+* **plain upsert**: ``DeltaTable.merge`` of the same number of ``(id, v, n)`` rows into a plain table of the
+  same number of rows (``when_matched_update_all`` / ``when_not_matched_insert_all`` on ``id``).
+* **plain replace**: the same rows as delete + append in one commit (``write_deltalake(mode="overwrite",
+  predicate="id IN (...)")``), the alternative to MERGE for replacing partitions, on at most
+  ``--replace-max`` keys (the keys go into an SQL IN list; delta-rs 1.6.6 segfaults parsing 200,000 of them).
+
+Rates are changes (rows) per second of wall time on this machine.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cdc_lib import delta_store  # noqa: E402
+from cdc_lib.celllog import CELL_LOG_SCHEMA  # noqa: E402
+from cdc_lib.model import NO_DELETION_TIME  # noqa: E402
+from cdc_lib.murmur3 import token as murmur3_token  # noqa: E402
+from cdc_lib.schema import Schema  # noqa: E402
+from cdc_lib.schema_cql import load_cql_schema  # noqa: E402
+
+CQL = """
+CREATE KEYSPACE bench WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 3};
+CREATE TABLE bench.kv (id bigint PRIMARY KEY, v text, n int) WITH ID = 5a1c3f00-0b4e-11ef-9f6a-6b1f7c1d2e99;
+"""
+TS0 = 1_763_000_000_000_000
+NOW = TS0 // 1_000_000 + 10
+
+
+def _be64(ids: np.ndarray) -> pa.Array:
+    raw = ids.astype(">i8").tobytes()
+    offsets = np.arange(0, 8 * (len(ids) + 1), 8, dtype=np.int32)
+    return pa.Array.from_buffers(pa.binary(), len(ids), [None, pa.py_buffer(offsets), pa.py_buffer(raw)])
+
+
+def _be32(vals: np.ndarray) -> pa.Array:
+    raw = vals.astype(">i4").tobytes()
+    offsets = np.arange(0, 4 * (len(vals) + 1), 4, dtype=np.int32)
+    return pa.Array.from_buffers(pa.binary(), len(vals), [None, pa.py_buffer(offsets), pa.py_buffer(raw)])
+
+
+def _texts(ids: np.ndarray, tag: str) -> pa.Array:
+    return pa.array([f"{tag}-{i}" for i in ids.tolist()], pa.string())
+
+
+def state_chunk(table, ids: np.ndarray, ts: int) -> pa.Table:
+    """State rows of partitions ``id`` each holding one row (v, n written at ``ts``), vectorised."""
+    schema = delta_store.state_arrow_schema(table)
+    n = len(ids)
+    nvals = (ids % 1000).astype(np.int32)
+    v = _texts(ids, "v")
+    pk = _be64(ids)
+    tokens = pa.array([murmur3_token(k) for k in pk.to_pylist()], pa.int64())
+    cell_t = schema.field("_cdc_cells").type.value_type
+    # two cells per row, sorted by column: n, v
+    col = pa.array(np.tile(np.array(["n", "v"], dtype=object), n), pa.string())
+    vbytes = pa.compute.cast(v, pa.binary())
+    values = pa.chunked_array([_be32(nvals), vbytes]).combine_chunks()
+    # interleave n and v: take indices
+    idx = np.empty(2 * n, dtype=np.int64)
+    idx[0::2] = np.arange(n)
+    idx[1::2] = np.arange(n) + n
+    values = values.take(pa.array(idx))
+    cells = pa.StructArray.from_arrays(
+        [col, pa.nulls(2 * n, pa.binary()), values, pa.array(np.full(2 * n, ts, np.int64)),
+         pa.array(np.zeros(2 * n, np.int32)), pa.array(np.full(2 * n, NO_DELETION_TIME, np.int64)),
+         pa.array(np.zeros(2 * n, bool))], fields=list(cell_t))
+    cells = pa.ListArray.from_arrays(pa.array(np.arange(0, 2 * n + 1, 2, dtype=np.int32)), cells)
+    empty_list = lambda f: pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)),  # noqa: E731
+                                                    pa.array([], schema.field(f).type.value_type))
+    cols = {
+        "id": pa.array(ids, pa.int64()), "n": pa.array(nvals, pa.int32()), "v": v,
+        "_cdc_partition_key": pk, "_cdc_row_kind": pa.array(["row"] * n, pa.string()),
+        "_cdc_clustering": pa.array([b""] * n, pa.binary()),
+        "_cdc_cells": cells, "_cdc_complex_deletions": empty_list("_cdc_complex_deletions"),
+        "_cdc_range_tombstones": empty_list("_cdc_range_tombstones"), "_cdc_token": tokens,
+        "_cdc_live": pa.array(np.ones(n, bool)), "_cdc_updated_batch": pa.array(np.zeros(n, np.int64)),
+    }
+    arrays = [cols[f.name] if f.name in cols else pa.nulls(n, f.type) for f in schema]
+    return pa.Table.from_arrays(arrays, schema=schema).sort_by("_cdc_token")
+
+
+def check_generator(table) -> None:
+    """The vectorised rows equal what delta_store writes for the same partitions."""
+    from cdc_lib.state import apply_records
+    ids = np.array([1, 2, 77, 123456789], dtype=np.int64)
+    got = state_chunk(table, ids, TS0).to_pylist()
+    recs = change_records(table, ids, TS0, "v", np.asarray(ids % 1000, dtype=np.int32)).to_pylist()
+    states: dict = {}
+    apply_records(table, states, recs)
+    want = []
+    for pk, part in states.items():
+        want += delta_store.partition_rows(table, pk, part, NOW, 0)
+    key = lambda r: r["_cdc_token"]  # noqa: E731
+    for g, w in zip(sorted(got, key=key), sorted(want, key=key)):
+        w = {k: w.get(k) for k in g}
+        assert g == w, (g, w)
+
+
+def change_records(table, ids: np.ndarray, ts: int, tag: str, nvals: np.ndarray) -> pa.Table:
+    """Cell-log records of ``UPDATE kv SET n = ?, v = ? WHERE id = ?`` for each id (one segment position each)."""
+    n = len(ids)
+    pk = _be64(ids)
+    tokens = pa.array([murmur3_token(k) for k in pk.to_pylist()], pa.int64())
+    rep = lambda a: pa.array(np.repeat(np.asarray(a), 2))  # noqa: E731
+    idx2 = pa.array(np.repeat(np.arange(n), 2))
+    values = pa.chunked_array([_be32(nvals), pa.compute.cast(_texts(ids, tag), pa.binary())]).combine_chunks()
+    order = np.empty(2 * n, dtype=np.int64)
+    order[0::2] = np.arange(n)
+    order[1::2] = np.arange(n) + n
+    cols = {
+        "segment": pa.array(["CommitLog-7-1.log"] * (2 * n)), "segment_id": pa.array(np.ones(2 * n, np.int64)),
+        "position": rep(np.arange(n, dtype=np.int64) * 100 + 64),
+        "entry_index": rep(np.arange(n, dtype=np.int32)),
+        "seq": pa.array(np.tile(np.array([0, 1], np.int32), n)),
+        "table_id": pa.array([str(table.id)] * (2 * n)), "keyspace": pa.array(["bench"] * (2 * n)),
+        "table": pa.array(["kv"] * (2 * n)), "partition_key": pk.take(idx2), "token": tokens.take(idx2),
+        "clustering": pa.array([b""] * (2 * n), pa.binary()), "is_static": pa.array(np.zeros(2 * n, bool)),
+        "kind": pa.array(["cell"] * (2 * n)), "column": pa.array(np.tile(np.array(["n", "v"], object), n)),
+        "path": pa.nulls(2 * n, pa.binary()), "value": values.take(pa.array(order)),
+        "timestamp": pa.array(np.full(2 * n, ts, np.int64)), "ttl": pa.array(np.zeros(2 * n, np.int32)),
+        "local_deletion_time": pa.array(np.full(2 * n, NO_DELETION_TIME, np.int64)),
+    }
+    return pa.Table.from_arrays([cols[f.name] if f.name in cols else pa.nulls(2 * n, f.type)
+                                 for f in CELL_LOG_SCHEMA], schema=CELL_LOG_SCHEMA)
+
+
+def build_state(root: str, table, rows: int, chunk: int) -> None:
+    from deltalake import write_deltalake
+    uri = delta_store.state_table_uri(root, table.keyspace, table.name)
+    DeltaRs = delta_store.DeltaRsStateStore(root)
+    DeltaRs.ensure_table(table)
+    for start in range(0, rows, chunk):
+        ids = np.arange(start, min(rows, start + chunk), dtype=np.int64) * 2   # even ids exist, odd are new
+        write_deltalake(uri, state_chunk(table, ids, TS0), mode="append")
+
+
+def build_plain(root: str, rows: int, chunk: int) -> str:
+    from deltalake import write_deltalake
+    uri = os.path.join(root, "plain")
+    for start in range(0, rows, chunk):
+        ids = np.arange(start, min(rows, start + chunk), dtype=np.int64) * 2
+        t = pa.table({"id": pa.array(ids), "v": _texts(ids, "v"), "n": pa.array((ids % 1000).astype(np.int32))})
+        write_deltalake(uri, t, mode="append")
+    return uri
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--state-rows", type=int, default=10_000_000)
+    p.add_argument("--changes", type=int, default=1_000_000)
+    p.add_argument("--new-fraction", type=float, default=0.2)
+    p.add_argument("--chunk", type=int, default=1_000_000, help="rows per file when building the tables")
+    p.add_argument("--dir", default=None, help="work directory (default: a temporary one, removed after)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--no-compare-replace", dest="compare_replace", action="store_false",
+                   help="skip timing delete+append (overwrite with predicate) against MERGE")
+    p.add_argument("--replace-max", type=int, default=20_000, help="keys in the delete+append comparison")
+    a = p.parse_args(argv)
+    schema: Schema = load_cql_schema(CQL)
+    table = schema.by_name("bench", "kv")
+    check_generator(table)
+    work = a.dir or tempfile.mkdtemp(prefix="bench-merge-")
+    try:
+        t0 = time.perf_counter()
+        build_state(work, table, a.state_rows, a.chunk)
+        plain = build_plain(work, a.state_rows, a.chunk)
+        print(f"built 2 x {a.state_rows:,} rows in {time.perf_counter() - t0:.1f} s")
+
+        rng = np.random.default_rng(a.seed)
+        n_new = int(a.changes * a.new_fraction)
+        existing = rng.choice(a.state_rows, size=a.changes - n_new, replace=False).astype(np.int64) * 2
+        new = rng.choice(a.state_rows, size=n_new, replace=False).astype(np.int64) * 2 + 1
+        ids = np.concatenate([existing, new])
+        rng.shuffle(ids)
+        nvals = rng.integers(-1000, 1000, size=len(ids)).astype(np.int32)
+
+        # --- cdc merge: the whole batch
+        cells = change_records(table, ids, TS0 + 1_000_000, "w", nvals)
+        store = delta_store.DeltaRsStateStore(work)
+        timings: dict = {}
+        read = store.read_partitions
+
+        def timed_read(t, keys):
+            s = time.perf_counter()
+            out = read(t, keys)
+            timings["read prior state"] = time.perf_counter() - s
+            return out
+        store.read_partitions = timed_read
+        write_outbox, commit = store.write_outbox, store.commit
+
+        def timed_outbox(*x, **k):
+            s = time.perf_counter()
+            r = write_outbox(*x, **k)
+            timings["outbox append"] = time.perf_counter() - s
+            return r
+
+        def timed_commit(*x, **k):
+            s = time.perf_counter()
+            r = commit(*x, **k)
+            timings["state MERGE"] = time.perf_counter() - s
+            return r
+        store.write_outbox, store.commit = timed_outbox, timed_commit
+        t0 = time.perf_counter()
+        res = delta_store.run_store_batch(store, schema, cells.to_batches(max_chunksize=65536),
+                                          batch_id="bench-1", batch_seq=1, now=NOW + 5)
+        cdc = time.perf_counter() - t0
+        timings["reconcile + events + rows"] = cdc - sum(timings.values())
+
+        # --- plain upsert of the same number of rows
+        from deltalake import DeltaTable
+        src = pa.table({"id": pa.array(ids), "v": _texts(ids, "w"), "n": pa.array(nvals)})
+        t0 = time.perf_counter()
+        (DeltaTable(plain).merge(src, "t.id = s.id", source_alias="s", target_alias="t")
+            .when_matched_update_all().when_not_matched_insert_all().execute())
+        plain_s = time.perf_counter() - t0
+
+        check = DeltaTable(delta_store.state_table_uri(work, "bench", "kv")).count() if hasattr(
+            DeltaTable, "count") else None
+        print(f"state rows {a.state_rows:,}, changes {a.changes:,} ({n_new:,} new), events {res['events']:,}, "
+              f"state rows after: {check:,}" if check is not None else "")
+        print(f"cdc merge     {cdc:8.1f} s  {a.changes / cdc:12,.0f} changes/s")
+        for k, v in timings.items():
+            print(f"  {k:26s} {v:8.1f} s")
+        print(f"plain upsert  {plain_s:8.1f} s  {a.changes / plain_s:12,.0f} rows/s  (deltalake MERGE on id)")
+        sys.stdout.flush()
+
+        # --- the same kind of upsert as delete + append in one commit (overwrite with a predicate), on a
+        # copy. The keys must go into the predicate as an SQL IN list: delta-rs crashes (stack overflow
+        # while parsing the predicate) at 200,000 keys, so this uses at most --replace-max of them.
+        if a.compare_replace:
+            plain2 = os.path.join(work, "plain2")
+            shutil.copytree(plain, plain2)
+            from deltalake import write_deltalake
+            k = min(len(ids), a.replace_max)
+            t0 = time.perf_counter()
+            pred = "id IN (" + ",".join(map(str, ids[:k].tolist())) + ")"
+            write_deltalake(plain2, src.slice(0, k), mode="overwrite", predicate=pred)
+            replace_s = time.perf_counter() - t0
+            print(f"plain replace {replace_s:8.1f} s  {k / replace_s:12,.0f} rows/s  (delete + append of "
+                  f"{k:,} rows in one commit: overwrite with predicate id IN (...))")
+    finally:
+        if a.dir is None:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

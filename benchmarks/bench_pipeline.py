@@ -1,0 +1,187 @@
+"""End-to-end benchmark of the pipeline (not a test): N generated writes on 3 nodes (RF 3) -> agents -> S3 ->
+claim -> Spark job -> Kafka -> archive, on the embedded servers (SeaweedFS, Tansu) and local Spark.
+
+    .venv/bin/python benchmarks/bench_pipeline.py [--mutations 5000] [--max-segments 64] [--airflow]
+
+Prints events/s end to end, the share of each step (Spark start-up, the Spark job, publish, archive), a
+single-process profile of the Spark job's three phases (decode, reconcile, Delta write: the same functions the
+executors run, timed without Spark), and the latency from "segment uploaded" to "event in Kafka" (Kafka's
+record timestamp minus the time the agent finished uploading the segment the event came from).
+
+``--airflow`` runs the pipeline through ``airflow dags test cassandra_cdc`` instead of calling the steps in
+process (the task boundaries and Spark start-up in the DAG process are then part of the time; the step shares
+come from the batch manifests).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from cdc_lib import pipeline as P  # noqa: E402
+from cdc_lib.agent import Agent, AgentConfig  # noqa: E402
+from cdc_lib.embedded import run_kafka_broker, run_s3_server  # noqa: E402
+from cdc_lib.workload import SAMPLE_SCHEMA_CQL, Workload, sample_schema, write_cluster_segments  # noqa: E402
+
+
+def _profile_phases(paths: list, schema, now: int, work: Path) -> dict:
+    """Decode, reconcile and Delta write of the same segments in one process (no Spark)."""
+    from cdc_lib.batch import process_cell_log
+    from cdc_lib.celllog import read_cell_log
+    from cdc_lib.delta_store import DeltaRsStateStore, run_store_batch
+    t0 = time.perf_counter()
+    cells = list(read_cell_log(paths, schema, on_damage=lambda d: None))
+    t1 = time.perf_counter()
+    process_cell_log(schema, cells, lambda table, keys: {}, now)
+    t2 = time.perf_counter()
+    store = DeltaRsStateStore(str(work / "profile-delta"))
+    run_store_batch(store, schema, cells, batch_id="profile", batch_seq=1, now=now)
+    t3 = time.perf_counter()
+    return {"decode": t1 - t0, "reconcile": t2 - t1, "delta_write": max(0.0, (t3 - t2) - (t2 - t1))}
+
+
+def _kafka_timestamps(bootstrap: str, prefix: str) -> list:
+    """[(segment, node, kafka timestamp ms)] of every event in the prefix's topics."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+    from confluent_kafka.admin import AdminClient
+    topics = [t for t in AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).topics
+              if t.startswith(prefix + ".")]
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}",
+                  "enable.partition.eof": True, "enable.auto.commit": False, "fetch.wait.max.ms": 10})
+    out = []
+    try:
+        for topic in topics:
+            c.assign([TopicPartition(topic, 0, 0)])
+            while True:
+                m = c.poll(5)
+                if m is None or (m.error() and m.error().code() == KafkaError._PARTITION_EOF):
+                    break
+                if m.error():
+                    raise RuntimeError(m.error())
+                src = json.loads(m.value())["source"]
+                out.append((src.get("segment"), src.get("node"), m.timestamp()[1]))
+    finally:
+        c.close()
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--mutations", type=int, default=5000)
+    p.add_argument("--max-segments", type=int, default=64)
+    p.add_argument("--segment-size", type=int, default=1 << 20)
+    p.add_argument("--airflow", action="store_true", help="run through `airflow dags test cassandra_cdc`")
+    a = p.parse_args(argv)
+
+    work = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
+    schema = sample_schema()
+    workload = Workload(schema, seed=1)
+    t = time.perf_counter()
+    cw = write_cluster_segments(work / "cassandra", schema, a.mutations, seed=1, workload=workload,
+                                segment_size=a.segment_size)
+    gen_s = time.perf_counter() - t
+    paths = [str(x) for v in cw.segments.values() for x in v]
+    n_segments = len(paths)
+    now = workload.clock_us // 1_000_000 + 5
+    schema_file = work / "schema.cql"
+    schema_file.write_text(SAMPLE_SCHEMA_CQL)
+    print(f"generated {a.mutations} writes -> {cw.replica_copies} commit-log entries in {n_segments} segments "
+          f"({sum(Path(x).stat().st_size for x in paths) / 1e6:.1f} MB) in {gen_s:.1f} s")
+    profile = _profile_phases(paths, schema, now, work)
+
+    with run_kafka_broker(work / "tansu") as broker, run_s3_server(work / "weed", bucket="bench") as s3:
+        cfg = P.PipelineConfig(store_url="s3://bench/cdc", s3_endpoint_url=s3.endpoint_url,
+                               s3_access_key=s3.access_key, s3_secret_key=s3.secret_key, cluster="bench",
+                               schema_file=str(schema_file), kafka_bootstrap=broker.bootstrap, now=now,
+                               max_segments=a.max_segments, max_bytes=1 << 40, topic_prefix="bench")
+        store = P.open_store(cfg)
+        uploaded: dict = {}
+        t_ship = time.perf_counter()
+        for node in sorted(cw.segments):
+            hooks = {"after_upload": lambda name, node=node: uploaded.__setitem__((node, name), time.time())}
+            Agent(AgentConfig(cdc_raw=work / "cassandra" / node, store_url=cfg.store_url, cluster="bench",
+                              node=node, state_dir=work / "agent" / node), store=store, hooks=hooks).run_once()
+        ship_s = time.perf_counter() - t_ship
+
+        steps = {"spark_start": 0.0, "claim": 0.0, "spark_job": 0.0, "publish": 0.0, "archive": 0.0}
+        t_run = time.perf_counter()
+        if a.airflow:
+            from cdc_lib.demo import airflow_db_migrate, airflow_env, dags_test
+            home = work / "airflow"
+            home.mkdir()
+            env = airflow_env(home, kafka_bootstrap=broker.bootstrap, s3=s3)
+            airflow_db_migrate(env)
+            t_run = time.perf_counter()
+            conf = {"store_url": cfg.store_url, "cluster": "bench", "schema_file": str(schema_file), "now": now,
+                    "max_segments": a.max_segments, "max_bytes": 1 << 40, "topic_prefix": "bench"}
+            while store.list("incoming/bench/"):
+                dags_test("cassandra_cdc", env, conf, work / "dags-test.log")
+            batches = [P.Batch.from_dict(store.get_json(k)) for k in store.list("ledger/batches/")]
+        else:
+            batches = []
+            while True:
+                t0 = time.perf_counter()
+                b = P.claim(cfg)
+                steps["claim"] += time.perf_counter() - t0
+                if b.empty:
+                    break
+                t0 = time.perf_counter()
+                b = P.transform(cfg, b)
+                steps["spark_job"] += time.perf_counter() - t0
+                t0 = time.perf_counter()
+                b = P.publish(cfg, b)
+                steps["publish"] += time.perf_counter() - t0
+                t0 = time.perf_counter()
+                b = P.archive(cfg, b)
+                steps["archive"] += time.perf_counter() - t0
+                batches.append(b)
+        run_s = time.perf_counter() - t_run
+        for b in batches:
+            s = b.steps
+            steps["spark_start"] += s.get("transform", {}).get("spark_start_s", 0.0)
+            if a.airflow:
+                steps["claim"] += s.get("claim", {}).get("duration_s", 0.0)
+                steps["spark_job"] += s.get("transform", {}).get("duration_s", 0.0)
+                steps["publish"] += s.get("publish", {}).get("duration_s", 0.0)
+                steps["archive"] += s.get("archive", {}).get("duration_s", 0.0)
+        steps["spark_job"] -= steps["spark_start"]
+        events = sum(b.steps.get("publish", {}).get("events", 0) for b in batches)
+        stamps = _kafka_timestamps(broker.bootstrap, "bench")
+        lat = []
+        for seg, node, ts_ms in stamps:
+            up = uploaded.get((node, seg))
+            if up is None:   # the event's source names one replica's segment; any node's copy is fine
+                ups = [v for (n, s), v in uploaded.items() if s == seg]
+                up = min(ups) if ups else None
+            if up is not None:
+                lat.append(ts_ms / 1000 - up)
+    P.stop_spark()
+
+    total = sum(steps.values())
+    print(f"pipeline: {len(batches)} batches, {events} events in {run_s:.1f} s -> {events / run_s:.0f} events/s "
+          f"end to end ({cw.replica_copies / run_s:.0f} commit-log entries/s); agents shipped in {ship_s:.1f} s"
+          + (" [airflow dags test]" if a.airflow else " [steps in process]"))
+    print("step shares:")
+    for k, v in steps.items():
+        print(f"  {k:12s} {v:8.2f} s  {100 * v / total:5.1f} %")
+    ptotal = sum(profile.values())
+    print("Spark job phases, single-process profile of the same functions (no Spark):")
+    for k, v in profile.items():
+        print(f"  {k:12s} {v:8.2f} s  {100 * v / ptotal:5.1f} %")
+    if lat:
+        lat.sort()
+        print(f"segment uploaded -> event in Kafka: median {statistics.median(lat):.1f} s, "
+              f"p95 {lat[int(0.95 * (len(lat) - 1))]:.1f} s, max {lat[-1]:.1f} s over {len(lat)} events")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""Airflow 3 DAG ``cassandra_cdc_maintenance``: TTL expiry sweep and Delta table upkeep (compact, vacuum).
+
+The sweep is requested here and performed by the next ``cassandra_cdc`` run as a batch without segments, so
+it is serialized with the other batches (``cassandra_cdc`` has ``max_active_runs=1``) and its expiry events
+are published exactly once like every other event (``cdc_lib.pipeline.request_sweep``).
+"""
+from __future__ import annotations
+
+import sys
+from datetime import datetime
+from pathlib import Path
+
+from airflow.sdk import Param, dag, task
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from cdc_lib.pipeline import airflow_params, config_from_airflow_context as _config  # noqa: E402
+
+
+@dag(
+    dag_id="cassandra_cdc_maintenance",
+    schedule="@hourly",
+    start_date=datetime(2025, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    params={**airflow_params(), "vacuum_retention_hours": Param(168, type="integer", minimum=0)},
+    tags=["cassandra", "cdc", "maintenance"],
+    doc_md=__doc__,
+)
+def cassandra_cdc_maintenance():
+    @task
+    def expiry_sweep() -> dict:
+        from cdc_lib.pipeline import request_sweep
+        return request_sweep(_config())
+
+    @task
+    def delta_upkeep() -> dict:
+        from airflow.sdk import get_current_context
+
+        from cdc_lib.pipeline import delta_upkeep as upkeep
+        hours = int(get_current_context()["params"].get("vacuum_retention_hours", 168))
+        return upkeep(_config(), vacuum_retention_hours=hours)
+
+    expiry_sweep() >> delta_upkeep()
+
+
+cassandra_cdc_maintenance()

@@ -1,0 +1,1 @@
+"""Spark jobs of the pipeline; each module runs under ``spark-submit`` and in-process (local mode)."""

@@ -1,0 +1,396 @@
+"""Spark step of the pipeline: one batch of commit-log segments -> Delta state tables and the events outbox.
+
+Runs under ``spark-submit`` (``spark-submit spark_jobs/merge_batch.py --segments a.log b.log --root /data/cdc
+--schema-file schema.cql --batch-id b-000042 --batch-seq 42 --now 1763000000``) and in-process
+(``run_batch(local_session(), ...)``, local mode, the embedded default).
+
+Data path (nothing unbounded is collected to the driver):
+
+1. **Parse**, one task per segment: the segment list is parallelised with one slice per path and
+   ``mapInArrow`` runs ``celllog.read_cell_log`` in the executor. Damaged or undecodable entries are written
+   to quarantine by the executor that found them (``storage.Layout.quarantined``, key
+   ``quarantined/<cluster>/<node>/<segment>.<position>.<kind>`` plus its ``.reason.json``; the key is
+   deterministic, so a retried task rewrites the same object); only a one-row summary per damage (key and
+   reason, not the bytes) flows on, so the driver can report them.
+2. **Group** by (table_id, partition_key): ``repartition`` on those columns and ``sortWithinPartitions`` by
+   (table_id, token, partition_key), so each partition's records are contiguous in one task, in token order. Partitions whose TTLs run out in ``(prev_now, now]``
+   join as marker rows (their keys come from the state tables' ``_cdc_next_expiry``: the driver holds that key
+   list, bounded by the number of partitions expiring in the window).
+3. **Reconcile**, ``mapInArrow`` again: per chunk of up to ``CHUNK_PARTITIONS`` partitions (a token range)
+   the executor reads the prior state of exactly those keys with deltalake (pinned to the table versions the driver saw at the
+   start, so every task and a recomputed task read the same state), runs ``batch.process_partition``
+   (replica copies dropped there: the copy kept is the one with the smallest source position, a choice
+   Spark's ``dropDuplicates`` cannot make deterministically, and it saves a second shuffle), and emits
+   events (one row each, with their sort key) and state change rows (Arrow IPC blobs per table and chunk:
+   tables have different typed schemas).
+4. **Write** from the driver, streaming: events sorted by (table order, token, partition key, index) come
+   through ``toLocalIterator`` (one Spark partition in memory at a time), get their ``seq`` and are appended to
+   the outbox in one Delta commit; then each state table's change rows stream into one deltalake MERGE.
+   Memory on the driver: one Spark partition of events or state blobs at a time, plus deltalake's own
+   buffering of a commit.
+
+Atomicity and reruns: see ``delta_store`` (each commit carries the app transaction ``(app_id, batch_seq)``;
+committed tables are skipped; the outbox first).
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import pyarrow as pa
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:       # spark-submit runs this file as a script
+    sys.path.insert(0, str(REPO_ROOT))
+
+from cdc_lib.batch import process_partition, table_order  # noqa: E402
+from cdc_lib.celllog import CELL_LOG_SCHEMA  # noqa: E402
+from cdc_lib.delta_store import (OUTBOX_SCHEMA, DeltaRsStateStore, change_rows, merge_source_schema,  # noqa: E402
+                                 outbox_row, rows_to_arrow)
+
+CHUNK_PARTITIONS = 20_000      # partitions per prior-state read in a reconcile task (bounds executor memory)
+SWEEP_KIND = "_sweep"          # marker row: load and sweep this partition even without records
+REC_CELL, REC_DAMAGE = "cell", "damage"
+
+PARSED_SCHEMA = pa.schema([pa.field(f.name, f.type) for f in CELL_LOG_SCHEMA] + [
+    pa.field("_record", pa.string()),
+    pa.field("_quarantine_key", pa.string()),
+    pa.field("_damage_reason", pa.string()),
+])
+
+OUT_SCHEMA = pa.schema([
+    pa.field("out_kind", pa.string()),          # event | state
+    pa.field("table_id", pa.string()),
+    pa.field("t_keyspace", pa.string()),
+    pa.field("t_name", pa.string()),
+    pa.field("token", pa.int64()),
+    pa.field("partition_key", pa.binary()),
+    pa.field("idx", pa.int32()),
+    pa.field("event_id", pa.string()),
+    pa.field("op", pa.string()),
+    pa.field("key_json", pa.string()),
+    pa.field("event_json", pa.string()),
+    pa.field("ts_us", pa.int64()),
+    pa.field("ts_ms", pa.int64()),
+    pa.field("payload", pa.binary()),           # state: Arrow IPC stream of change rows
+    pa.field("n_rows", pa.int64()),
+])
+
+
+@dataclass
+class BatchResult:
+    batch_id: str
+    batch_seq: int
+    segments: int
+    events: int = 0
+    outbox_written: bool = False
+    tables: dict = field(default_factory=dict)      # qualified name -> change rows merged
+    skipped_tables: list = field(default_factory=list)
+    damaged: list = field(default_factory=list)     # quarantine keys
+
+
+# -------------------------------------------------------------------------------------------- session
+
+def local_session(app_name: str = "cdc-merge-batch", cores: int = 2, driver_memory: str = "2g"):
+    """A small local-mode SparkSession whose Python workers can import ``cdc_lib``."""
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+    return (SparkSession.builder.master(f"local[{cores}]").appName(app_name)
+            .config("spark.sql.shuffle.partitions", "4")
+            .config("spark.default.parallelism", str(cores))
+            .config("spark.ui.enabled", "false")
+            .config("spark.driver.memory", driver_memory)
+            .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+            .config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])
+            .getOrCreate())
+
+
+def ship_cdc_lib(spark) -> None:
+    """Send ``cdc_lib`` to the executors as a zip (for clusters where it is not installed)."""
+    import cdc_lib
+    pkg = Path(cdc_lib.__file__).resolve().parent
+    fd, path = tempfile.mkstemp(suffix=".zip", prefix="cdc_lib-")
+    os.close(fd)
+    with zipfile.ZipFile(path, "w") as z:
+        for p in pkg.rglob("*.py"):
+            z.write(p, str(p.relative_to(pkg.parent)))
+    spark.sparkContext.addPyFile(path)
+
+
+def _spark_schema(schema: pa.Schema):
+    from pyspark.sql.pandas.types import from_arrow_schema
+    return from_arrow_schema(pa.schema([pa.field(f.name, f.type, nullable=True) for f in schema]))
+
+
+# -------------------------------------------------------------------------------------------- executors
+
+def _parse_segments(schema, quarantine_url: str, quarantine_options: dict, cluster: str, batch_id: str):
+    """The ``mapInArrow`` function of step 1 (a closure shipped to executors)."""
+
+    def parse(batches):
+        from cdc_lib.batch import quarantine_damage
+        from cdc_lib.celllog import read_cell_log
+        from cdc_lib.storage import ObjectStore
+        store = None
+        for b in batches:
+            for path in b.column("path").to_pylist():
+                damages = []
+                for cells in read_cell_log(path, schema, on_damage=damages.append):
+                    n = cells.num_rows
+                    cols = list(cells.columns) + [pa.array([REC_CELL] * n, pa.string()),
+                                                  pa.nulls(n, pa.string()), pa.nulls(n, pa.string())]
+                    yield pa.RecordBatch.from_arrays(cols, schema=PARSED_SCHEMA)
+                if not damages:
+                    continue
+                if store is None:
+                    store = ObjectStore.from_url(quarantine_url, **quarantine_options)
+                rows = []
+                for d in damages:
+                    key = quarantine_damage(store, cluster, d, source_path=path, batch_id=batch_id)
+                    rows.append({"segment": d.segment or "", "segment_id": 0, "position": d.position,
+                                 "entry_index": 0, "seq": 0, "table_id": "", "keyspace": "", "table": "",
+                                 "partition_key": b"", "token": 0, "clustering": b"", "is_static": False,
+                                 "kind": d.kind, "timestamp": 0, "ttl": 0, "local_deletion_time": 0,
+                                 "_record": REC_DAMAGE, "_quarantine_key": key, "_damage_reason": d.reason})
+                yield pa.RecordBatch.from_pylist(rows, schema=PARSED_SCHEMA)
+    return parse
+
+
+def _reconcile(schema, root: str, storage_options: dict, app_id: str, versions: dict, now: int,
+               prev_now: Optional[int], cluster: str):
+    """The ``mapInArrow`` function of step 3 (a closure shipped to executors)."""
+    import uuid
+
+    def flush(store, pending, out_rows):
+        # pending: [(table_id, partition_key, token, records)] in sorted order
+        by_table: dict = {}
+        for tid, pk, tok, recs in pending:
+            by_table.setdefault(tid, []).append((pk, tok, recs))
+        for tid, parts in by_table.items():
+            table = schema.get(uuid.UUID(tid))
+            prior = store.read_partitions(table, [pk for pk, _, _ in parts])
+            change = []
+            for pk, tok, recs in parts:
+                real = [r for r in recs if r["kind"] != SWEEP_KIND]
+                res = process_partition(table, pk, tok, real, prior.get(pk), now, prev_now=prev_now,
+                                        cluster=cluster)
+                ks, name = table_order(table)[:2]
+                for i, e in enumerate(res.events):
+                    row = outbox_row(table, e, "", 0, 0)
+                    out_rows.append({"out_kind": "event", "table_id": tid, "t_keyspace": ks, "t_name": name,
+                                     "token": tok, "partition_key": pk, "idx": i, "event_id": row["event_id"],
+                                     "op": row["op"], "key_json": row["key_json"],
+                                     "event_json": row["event_json"], "ts_us": row["ts_us"],
+                                     "ts_ms": row["ts_ms"]})
+                if res.changed:
+                    change += change_rows(table, pk, res.prior, res.state, now, 0, tok)
+            if change:
+                t = rows_to_arrow(table, change)
+                sink = io.BytesIO()
+                with pa.ipc.new_stream(sink, t.schema) as w:
+                    w.write_table(t)
+                out_rows.append({"out_kind": "state", "table_id": tid, "t_keyspace": table.keyspace,
+                                 "t_name": table.name, "payload": sink.getvalue(), "n_rows": t.num_rows})
+
+    def reconcile(batches):
+        store = DeltaRsStateStore(root, storage_options, app_id=app_id, versions=versions)
+        pending = []
+        current = None          # (table_id, partition_key)
+        recs: list = []
+        tok = 0
+        out_rows: list = []
+        for b in batches:
+            for r in b.to_pylist():
+                k = (r["table_id"], r["partition_key"])
+                if k != current:
+                    if current is not None:
+                        pending.append((current[0], current[1], tok, recs))
+                    current, recs, tok = k, [], r["token"]
+                    if len(pending) >= CHUNK_PARTITIONS:
+                        flush(store, pending, out_rows)
+                        pending = []
+                        yield pa.RecordBatch.from_pylist(out_rows, schema=OUT_SCHEMA)
+                        out_rows = []
+                recs.append(r)
+        if current is not None:
+            pending.append((current[0], current[1], tok, recs))
+        if pending:
+            flush(store, pending, out_rows)
+        if out_rows:
+            yield pa.RecordBatch.from_pylist(out_rows, schema=OUT_SCHEMA)
+    return reconcile
+
+
+# -------------------------------------------------------------------------------------------- driver
+
+def _user_tables(schema) -> list:
+    return sorted((t for t in schema.tables.values() if not t.keyspace.startswith("system")), key=table_order)
+
+
+def run_batch(spark, segment_paths, *, root: str, storage_options: Optional[dict] = None, schema=None,
+              schema_file: Optional[str] = None, batch_id: str, batch_seq: int, now: int,
+              prev_now: Optional[int] = None, cluster: str = "default", app_id: str = "cassandra-cdc",
+              quarantine_url: Optional[str] = None, quarantine_options: Optional[dict] = None,
+              fail_hook=None) -> BatchResult:
+    """Reconcile the cell log of ``segment_paths`` into the Delta state tables and the outbox under ``root``.
+
+    ``now`` (seconds) is the batch's processing time; ``prev_now`` the previous batch's, to sweep TTL expiries
+    in between. Safe to run again with the same arguments after any failure.
+    """
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+    if schema is None:
+        if schema_file is None:
+            raise TypeError("run_batch needs schema or schema_file")
+        from cdc_lib.schema_cql import load_cql_schema
+        schema = load_cql_schema(Path(schema_file))
+    paths = [str(p) for p in segment_paths]
+    result = BatchResult(batch_id, batch_seq, len(paths))
+    storage_options = dict(storage_options or {})
+    store = DeltaRsStateStore(root, storage_options, app_id=app_id, fail_hook=fail_hook)
+    tables = _user_tables(schema)
+    outbox_done = store.outbox_committed(batch_seq)
+    todo = [t for t in tables if not store.is_committed(t, batch_seq)]
+    result.skipped_tables = [t.qualified_name for t in tables if t not in todo]
+    if outbox_done and not todo:
+        return result
+    versions = store.snapshot(tables)
+
+    # 1. parse, one task per segment
+    sc = spark.sparkContext
+    paths_df = spark.createDataFrame(sc.parallelize([(p,) for p in paths], max(1, len(paths))), "path string")
+    parsed = paths_df.mapInArrow(
+        _parse_segments(schema, quarantine_url or root, dict(quarantine_options or {}), cluster, batch_id),
+        _spark_schema(PARSED_SCHEMA))
+    parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        damaged = parsed.filter(F.col("_record") == REC_DAMAGE).select("_quarantine_key")
+        result.damaged = [r[0] for r in damaged.toLocalIterator()]
+        cells = parsed.filter(F.col("_record") == REC_CELL).drop("_record", "_quarantine_key", "_damage_reason")
+
+        # 2. group by partition (+ partitions with expiries to sweep)
+        if prev_now is not None and now > prev_now:
+            marks = []
+            for t in tables:
+                for pk in store.expiring_keys(t, prev_now, now):
+                    from cdc_lib.murmur3 import token as murmur3_token
+                    marks.append({"segment": "", "segment_id": 0, "position": 0, "entry_index": 0, "seq": 0,
+                                  "table_id": str(t.id), "keyspace": t.keyspace, "table": t.name,
+                                  "partition_key": pk, "token": murmur3_token(pk), "clustering": b"",
+                                  "is_static": False, "kind": SWEEP_KIND, "timestamp": 0, "ttl": 0,
+                                  "local_deletion_time": 0})
+            if marks:
+                cell_schema = pa.schema([pa.field(f.name, f.type, nullable=True) for f in CELL_LOG_SCHEMA])
+                mdf = spark.createDataFrame(pa.Table.from_pylist(marks, schema=cell_schema).to_pandas(),
+                                            schema=_spark_schema(CELL_LOG_SCHEMA))
+                cells = cells.unionByName(mdf)
+        # token order inside a task: each chunk's prior-state read covers one token range of the table
+        grouped = (cells.repartition("table_id", "partition_key")
+                        .sortWithinPartitions("table_id", "token", "partition_key"))
+
+        # 3. reconcile in executors
+        out = grouped.mapInArrow(
+            _reconcile(schema, root, storage_options, app_id, versions, now, prev_now, cluster),
+            _spark_schema(OUT_SCHEMA)).persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            # 4a. the outbox, in publish order
+            events = (out.filter(F.col("out_kind") == "event")
+                         .orderBy("t_keyspace", "t_name", "table_id", "token", "partition_key", "idx"))
+            if not outbox_done:
+                count = [0]
+
+                def outbox_batches():
+                    chunk = []
+                    for r in events.toLocalIterator():
+                        chunk.append({"batch_id": batch_id, "batch_seq": batch_seq, "seq": count[0],
+                                      "event_id": r["event_id"], "keyspace": r["t_keyspace"], "table": r["t_name"],
+                                      "op": r["op"], "key_json": r["key_json"], "event_json": r["event_json"],
+                                      "ts_us": r["ts_us"], "ts_ms": r["ts_ms"]})
+                        count[0] += 1
+                        if len(chunk) >= 10_000:
+                            yield pa.RecordBatch.from_pylist(chunk, schema=OUTBOX_SCHEMA)
+                            chunk = []
+                    if chunk or count[0] == 0:
+                        yield pa.RecordBatch.from_pylist(chunk, schema=OUTBOX_SCHEMA)
+                result.outbox_written = store.write_outbox(
+                    batch_seq, pa.RecordBatchReader.from_batches(OUTBOX_SCHEMA, outbox_batches()), batch_id)
+                result.events = count[0]
+            else:
+                from deltalake import DeltaTable
+                import pyarrow.compute as pc
+                result.events = DeltaTable(store.events_uri(), storage_options=storage_options or None) \
+                    .to_pyarrow_dataset().count_rows(filter=pc.field("batch_id") == batch_id)
+
+            # 4b. each state table, one MERGE each
+            states = out.filter(F.col("out_kind") == "state")
+            with_rows = {r[0]: r[1] for r in states.groupBy("table_id").agg(F.sum("n_rows")).collect()}
+            for t in todo:
+                n = with_rows.get(str(t.id))
+                if not n:
+                    continue
+                blobs = states.filter(F.col("table_id") == str(t.id)).select("payload")
+                src_schema = merge_source_schema(t)
+
+                def state_batches(blobs=blobs, src_schema=src_schema):
+                    for r in blobs.toLocalIterator():
+                        for b in pa.ipc.open_stream(r[0]):
+                            yield _with_batch_seq(b, batch_seq)
+                if store.commit(t, batch_seq, pa.RecordBatchReader.from_batches(src_schema, state_batches())):
+                    result.tables[t.qualified_name] = int(n)
+        finally:
+            out.unpersist()
+    finally:
+        parsed.unpersist()
+    return result
+
+
+def _with_batch_seq(b: pa.RecordBatch, batch_seq: int) -> pa.RecordBatch:
+    """Executors do not know the batch number: stamp ``_cdc_updated_batch`` (kept null on delete markers)."""
+    i = b.schema.get_field_index("_cdc_updated_batch")
+    import pyarrow.compute as pc
+    col = pc.if_else(b.column("_cdc_delete"), pa.scalar(None, pa.int64()), pa.scalar(batch_seq, pa.int64()))
+    return b.set_column(i, b.schema.field(i), col)
+
+
+# -------------------------------------------------------------------------------------------- CLI
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="Merge one batch of commit-log segments into Delta state + outbox")
+    p.add_argument("--segments", nargs="+", required=True, help="segment paths (local or URLs)")
+    p.add_argument("--root", required=True, help="store root (local directory or s3:// URL)")
+    p.add_argument("--schema-file", required=True, help="CQL schema (DESCRIBE output)")
+    p.add_argument("--batch-id", required=True)
+    p.add_argument("--batch-seq", type=int, required=True, help="increasing batch number (Delta txn version)")
+    p.add_argument("--now", type=int, required=True, help="processing time, seconds since the epoch")
+    p.add_argument("--prev-now", type=int, default=None, help="previous batch's --now (TTL sweep window)")
+    p.add_argument("--cluster", default="default")
+    p.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="deltalake storage option (repeatable), e.g. AWS_ENDPOINT_URL=http://127.0.0.1:8333")
+    p.add_argument("--local", action="store_true", help="start a local[2] session instead of spark-submit's")
+    a = p.parse_args(argv)
+    opts = dict(kv.split("=", 1) for kv in a.storage_option)
+    if a.local:
+        spark = local_session()
+    else:
+        from pyspark.sql import SparkSession
+        spark = SparkSession.builder.appName("cdc-merge-batch").getOrCreate()
+        ship_cdc_lib(spark)
+    res = run_batch(spark, a.segments, root=a.root, storage_options=opts, schema_file=a.schema_file,
+                    batch_id=a.batch_id, batch_seq=a.batch_seq, now=a.now, prev_now=a.prev_now, cluster=a.cluster)
+    print(json.dumps(res.__dict__, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

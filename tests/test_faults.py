@@ -1,0 +1,329 @@
+"""Crashes, outages and bad input against the real broker (Tansu) and the real S3 server (SeaweedFS).
+
+Exactly once: the pipeline is killed between and inside claim / transform / publish / archive (an exception
+from the fault hook, and ``os._exit`` in a subprocess in the middle of producing), rerun, and then the topics
+hold every event of the outbox once, in outbox order, and no segment was ever archived before its batch was
+published. Outages: the broker stopped, the S3 server frozen (SIGSTOP): the run fails, nothing is archived,
+the retry succeeds. Bad input: a damaged segment and an unknown table are quarantined with reasons while the
+rest of the batch is published, and the counters say so.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from cdc_lib import pipeline as P
+from cdc_lib.agent import Agent, AgentConfig
+from cdc_lib.delta_store import read_outbox
+from cdc_lib.storage import Layout
+from cdc_lib.workload import SAMPLE_SCHEMA_CQL, START_US, Workload, sample_schema, write_cluster_segments
+
+from servers import run_kafka_broker, run_s3_server
+
+REPO = Path(__file__).resolve().parents[1]
+NOW = START_US // 1_000_000 + 3600
+
+
+class Crash(Exception):
+    """The simulated death of the pipeline process."""
+
+
+@pytest.fixture(scope="module")
+def spark():
+    pytest.importorskip("pyspark")
+    from spark_jobs.merge_batch import local_session
+    s = local_session()
+    yield s
+    s.stop()
+
+
+def _config(tmp_path, s3, bootstrap, bucket, **kw) -> P.PipelineConfig:
+    schema_file = tmp_path / "schema.cql"
+    if not schema_file.exists():
+        schema_file.write_text(SAMPLE_SCHEMA_CQL)
+    settings = dict(store_url=f"s3://{bucket}/cdc", s3_endpoint_url=s3.endpoint_url,
+                    s3_access_key=s3.access_key, s3_secret_key=s3.secret_key, cluster="c1",
+                    schema_file=str(schema_file), kafka_bootstrap=bootstrap, now=NOW,
+                    topic_prefix=f"t{uuid.uuid4().hex[:8]}", kafka_timeout_s=10)
+    return P.PipelineConfig(**{**settings, **kw})
+
+
+def _ship(raw: Path, cfg: P.PipelineConfig, state: Path) -> int:
+    store = P.open_store(cfg)
+    n = 0
+    for node_dir in sorted(p for p in raw.iterdir() if p.is_dir()):
+        agent = Agent(AgentConfig(cdc_raw=node_dir, store_url=cfg.store_url, cluster=cfg.cluster,
+                                  node=node_dir.name, state_dir=state / node_dir.name), store=store)
+        n += agent.run_once()
+    return n
+
+
+def _consume(bootstrap: str, prefix: str) -> dict:
+    """{topic: [(event id, key, value)]} of every topic of the prefix, in partition order."""
+    from confluent_kafka.admin import AdminClient
+    topics = sorted(t for t in AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).topics
+                    if t.startswith(prefix + "."))
+    out = {}
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{uuid.uuid4().hex}",
+                  "enable.auto.commit": False, "enable.partition.eof": True, "fetch.wait.max.ms": 10})
+    try:
+        for topic in topics:
+            c.assign([TopicPartition(topic, 0, 0)])
+            recs = []
+            while True:
+                m = c.poll(5)
+                assert m is not None, f"no end of partition from {topic}"
+                if m.error():
+                    assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
+                    break
+                headers = dict(m.headers() or [])
+                recs.append((headers["cdc-event-id"].decode(), m.key(), m.value()))
+            out[topic] = recs
+    finally:
+        c.close()
+    return out
+
+
+def _outbox_by_topic(cfg: P.PipelineConfig) -> dict:
+    """{topic: [event ids]} in publish order over every batch the ledger knows, in batch order."""
+    from cdc_lib.publish import table_topic
+    store = P.open_store(cfg)
+    out: dict = {}
+    for key in store.list("ledger/batches/"):
+        b = P.Batch.from_dict(store.get_json(key))
+        for r in read_outbox(P.delta_root(cfg, store), b.batch_id, cfg.delta_options()):
+            out.setdefault(table_topic(cfg.topic_prefix, r["keyspace"], r["table"]), []).append(r["event_id"])
+    return out
+
+
+def _assert_nothing_archived_unpublished(cfg: P.PipelineConfig) -> None:
+    store = P.open_store(cfg)
+    archived = set(store.list(Layout.area_prefix(Layout.ARCHIVED, cfg.cluster)))
+    for key in store.list("ledger/batches/"):
+        b = P.Batch.from_dict(store.get_json(key))
+        moved = [s for s in b.segments if Layout.archived(cfg.cluster, s["node"], s["name"]) in archived]
+        if moved:
+            assert store.exists(Layout.ledger(b.batch_id)), f"{b.batch_id}: archived before published"
+
+
+def _assert_exactly_once_in_order(cfg: P.PipelineConfig) -> int:
+    got = _consume(cfg.kafka_bootstrap, cfg.topic_prefix)
+    want = _outbox_by_topic(cfg)
+    assert sorted(got) == sorted(want)
+    for topic, ids in want.items():
+        in_kafka = [r[0] for r in got[topic]]
+        assert len(in_kafka) == len(set(in_kafka)), f"{topic}: an event is in Kafka twice"
+        assert in_kafka == ids, f"{topic}: Kafka does not hold the outbox once, in order"
+    return sum(len(v) for v in want.values())
+
+
+@pytest.fixture(scope="module")
+def segments(tmp_path_factory):
+    """Three replicas' segments (RF 3), a few per node so the pipeline needs several batches."""
+    d = tmp_path_factory.mktemp("raw")
+    cw = write_cluster_segments(d, sample_schema(), 240, seed=11, segment_size=16 * 1024)
+    assert all(len(v) >= 3 for v in cw.segments.values())
+    return d
+
+
+def _fresh_raw(segments: Path, tmp_path: Path) -> Path:
+    """A private copy of the generated cdc_raw dirs (the agent deletes what it shipped)."""
+    import shutil
+    raw = tmp_path / "raw"
+    shutil.copytree(segments, raw)
+    return raw
+
+
+# ------------------------------------------------------------------------------------------------ crashes
+
+CRASH_PLAN = [
+    ("claim:manifest_written", 1), ("claim:pointer_written", 1),
+    ("transform:outbox", 1),            # inside the Spark step: outbox committed, state tables not
+    ("transform:state", 1),             # inside: one state table committed
+    ("transform:done", 1),
+    ("publish:intent_written", 1), ("publish:produced", 7),   # inside: 7 events produced, not flushed
+    ("publish:flushed", 1), ("publish:ledger_written", 1), ("publish:done", 1),
+    ("archive:segment", 1),             # inside: one segment moved
+    ("archive:done", 1),
+    ("claim:manifest_written", 1),      # the next batch dies early too
+    ("publish:produced", 3),
+]
+
+
+def test_crash_anywhere_then_rerun_publishes_each_event_once_in_order(spark, segments, tmp_path, s3_server,
+                                                                     s3_bucket, kafka_broker):
+    cfg = _config(tmp_path, s3_server, kafka_broker, s3_bucket, max_segments=3)
+    assert _ship(_fresh_raw(segments, tmp_path), cfg, tmp_path / "agent") >= 6
+    plan = list(CRASH_PLAN)
+    seen: dict = {}
+    crashes = []
+
+    def fault(point: str) -> None:
+        seen[point] = seen.get(point, 0) + 1
+        if plan and plan[0][0] == point and seen[point] >= plan[0][1]:
+            crashes.append(plan.pop(0))
+            seen.clear()
+            raise Crash(point)
+
+    for _ in range(60):
+        try:
+            batch = P.run_once(cfg, fault=fault, spark=spark)
+        except Crash:
+            _assert_nothing_archived_unpublished(cfg)
+            continue
+        if batch.empty:
+            break
+    assert not plan, f"crash points never reached: {plan}"
+    assert len(crashes) == len(CRASH_PLAN)
+    store = P.open_store(cfg)
+    assert store.list(Layout.area_prefix(Layout.INCOMING, cfg.cluster)) == []
+    _assert_nothing_archived_unpublished(cfg)
+    events = _assert_exactly_once_in_order(cfg)
+    assert events > 100
+    metrics = P.read_metrics(cfg)
+    assert metrics["totals"]["publish.events"] >= events
+    assert metrics["totals"]["claim.resumed"] >= 5          # the crashed batches were resumed, not re-claimed
+
+
+KILL_SCRIPT = """
+import json, os, sys
+sys.path.insert(0, {repo!r})
+from cdc_lib import pipeline as P
+cfg = P.PipelineConfig(**json.loads(sys.argv[1]))
+batch = json.loads(sys.argv[2])
+n = [0]
+def fault(point):
+    if point == "publish:produced":
+        n[0] += 1
+        if n[0] == int(sys.argv[3]):
+            os._exit(9)          # no flush, no cleanup: the process just dies
+P.publish(cfg, batch, fault=fault)
+"""
+
+
+def test_process_killed_while_producing_then_rerun(spark, segments, tmp_path, s3_server, s3_bucket, kafka_broker):
+    cfg = _config(tmp_path, s3_server, kafka_broker, s3_bucket, max_segments=100)   # one batch
+    _ship(_fresh_raw(segments, tmp_path), cfg, tmp_path / "agent")
+    batch = P.transform(cfg, P.claim(cfg), spark=spark)
+    assert batch.steps["transform"]["events"] > 20
+    cfg_json = json.dumps({**P.dataclasses.asdict(cfg)})
+    proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT.format(repo=str(REPO)), cfg_json,
+                           json.dumps(batch.to_dict()), "15"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 9, proc.stderr[-2000:]
+    store = P.open_store(cfg)
+    assert not store.exists(Layout.ledger(batch.batch_id))
+    with pytest.raises(P.PipelineError):
+        P.archive(cfg, batch)                       # refuses: not published
+    assert store.list(Layout.area_prefix(Layout.ARCHIVED, cfg.cluster)) == []
+    done = P.run_until_idle(cfg, spark=spark)       # resumes the batch, then the rest
+    assert done[0].batch_id == batch.batch_id
+    assert P.read_metrics(cfg)["totals"]["claim.resumed"] == 1
+    _assert_exactly_once_in_order(cfg)
+
+
+# ------------------------------------------------------------------------------------------------ outages
+
+def test_broker_down_publish_fails_nothing_archived_then_retry(spark, segments, tmp_path, s3_server, s3_bucket):
+    with contextlib.ExitStack() as stack:
+        broker = stack.enter_context(run_kafka_broker(tmp_path / "k1"))
+        cfg = _config(tmp_path, s3_server, broker.bootstrap, s3_bucket, max_segments=100, kafka_timeout_s=5)
+        _ship(_fresh_raw(segments, tmp_path), cfg, tmp_path / "agent")
+        batch = P.transform(cfg, P.claim(cfg), spark=spark)
+        stack.close()                                # the broker goes away (stopped by PID)
+    with pytest.raises(Exception) as err:
+        P.publish(cfg, batch)
+    assert "archived" not in str(err.value)
+    store = P.open_store(cfg)
+    assert store.list(Layout.area_prefix(Layout.ARCHIVED, cfg.cluster)) == []
+    assert P.read_batch(store, batch.batch_id).state == "transformed"
+    with pytest.raises(P.PipelineError):
+        P.archive(cfg, batch)
+    with run_kafka_broker(tmp_path / "k2") as broker2:   # the broker is back (new address: a new connection)
+        cfg.kafka_bootstrap = broker2.bootstrap
+        first = P.run_once(cfg, spark=spark)
+        assert first.batch_id == batch.batch_id and first.state == "archived"
+        P.run_until_idle(cfg, spark=spark)
+        _assert_exactly_once_in_order(cfg)
+
+
+def test_s3_down_run_fails_nothing_archived_then_retry(spark, segments, tmp_path, kafka_broker):
+    with run_s3_server(tmp_path / "weed", bucket="cdc") as s3:
+        cfg = _config(tmp_path, s3, kafka_broker, "cdc", max_segments=100, s3_timeout_s=2)
+        _ship(_fresh_raw(segments, tmp_path), cfg, tmp_path / "agent")
+        batch = P.publish(cfg, P.transform(cfg, P.claim(cfg), spark=spark))
+        P.open_store(cfg).fs.retries = 1             # s3fs's own retries (5) would only make the test slow
+        os.kill(s3.pid, signal.SIGSTOP)              # the store stops answering
+        try:
+            with pytest.raises(Exception):
+                P.archive(cfg, batch)
+            with pytest.raises(Exception):
+                P.claim(cfg)
+        finally:
+            os.kill(s3.pid, signal.SIGCONT)
+        store = P.open_store(cfg)
+        assert store.list(Layout.area_prefix(Layout.ARCHIVED, cfg.cluster)) == []
+        assert P.read_batch(store, batch.batch_id).state == "published"
+        again = P.run_once(cfg, spark=spark)         # the retry finishes the batch
+        assert again.batch_id == batch.batch_id and again.state == "archived"
+        P.run_until_idle(cfg, spark=spark)
+        _assert_exactly_once_in_order(cfg)
+        assert store.list(Layout.area_prefix(Layout.INCOMING, cfg.cluster)) == []
+
+
+# ------------------------------------------------------------------------------------------------ bad input
+
+def test_damaged_segment_and_unknown_table_are_quarantined_rest_published(spark, tmp_path, s3_server, s3_bucket,
+                                                                         kafka_broker):
+    schema = sample_schema()
+    raw = tmp_path / "raw"
+    write_cluster_segments(raw, schema, 150, seed=5, segment_size=32 * 1024, nodes=3, rf=3,
+                           workload=Workload(schema, seed=5))
+    # a damaged copy of one segment, as a broken disk gives it: bytes flipped in the middle
+    src = sorted((raw / "node1").glob("CommitLog-*.log"))[0]
+    bad_dir = raw / "node9"
+    bad_dir.mkdir()
+    data = bytearray(src.read_bytes())
+    for i in range(len(data) // 2, len(data) // 2 + 48):
+        data[i] ^= 0xA5
+    (bad_dir / src.name).write_bytes(bytes(data))
+    (bad_dir / (src.stem + "_cdc.idx")).write_text(f"{len(data)}\nCOMPLETED")
+    # the pipeline's schema does not know shop.page_views: its mutations are unknown-table entries
+    cql = SAMPLE_SCHEMA_CQL
+    start = cql.index("CREATE TABLE shop.page_views")
+    end = cql.index(";", start) + 1
+    (tmp_path / "schema.cql").write_text(cql[:start] + cql[end:])
+    cfg = _config(tmp_path, s3_server, kafka_broker, s3_bucket, max_segments=100)
+    assert _ship(raw, cfg, tmp_path / "agent") >= 4
+    batch = P.run_once(cfg, spark=spark)
+    t = batch.steps["transform"]
+    assert t["damaged"] >= 1 and t["damaged_segments"] == 1
+    assert t["unknown_table_entries"] > 0
+    store = P.open_store(cfg)
+    # the damaged segment is in quarantine with a reason naming the damage, not archived
+    qkey = Layout.quarantined(cfg.cluster, "node9", src.name)
+    reason = store.get_json(Layout.reason(qkey))
+    assert reason["damage"] and all(d["kind"] for d in reason["damage"])
+    assert not store.exists(Layout.archived(cfg.cluster, "node9", src.name))
+    # every quarantined entry has its bytes and a reason
+    entries = [q for q in batch.steps["quarantined"]]
+    assert {q["kind"] for q in entries} >= {"unknown_table"}
+    for q in entries:
+        assert store.exists(q["key"]) and store.get_json(Layout.reason(q["key"]))["reason"]
+    # the rest of the batch went through: events of the known tables, none of page_views
+    got = _consume(cfg.kafka_bootstrap, cfg.topic_prefix)
+    assert got and not any(t.endswith(".page_views") for t in got)
+    assert sum(len(v) for v in got.values()) == batch.steps["publish"]["events"] > 0
+    _assert_exactly_once_in_order(cfg)
+    # what a user reads: the counters file
+    m = P.read_metrics(cfg)
+    assert m["totals"]["transform.unknown_table_entries"] == t["unknown_table_entries"]
+    assert m["totals"]["archive.quarantined_segments"] == 1

@@ -1,0 +1,203 @@
+"""The pipeline's steps on a local store, without Spark: what gets claimed, resumed, refused and counted.
+
+(The Spark step itself is covered by test_merge_batch.py, the whole chain by test_e2e.py and test_faults.py.)
+"""
+from __future__ import annotations
+
+import json
+from collections import namedtuple
+from pathlib import Path
+
+import pytest
+
+from cdc_lib import pipeline as P
+from cdc_lib.celllog import mutation_records, records_to_batch
+from cdc_lib.delta_store import DeltaRsStateStore, read_outbox, run_store_batch
+from cdc_lib.storage import Layout, ObjectStore, sha256_bytes
+from cdc_lib.workload import SAMPLE_SCHEMA_CQL, START_US, Workload, sample_schema
+
+NOW = START_US // 1_000_000 + 10
+
+
+def _segment_name(i: int) -> str:
+    return f"CommitLog-7-{1_000 + i}.log"
+
+
+def _put_segment(store: ObjectStore, node: str, i: int, size: int = 100, complete: bool = True) -> str:
+    key = Layout.incoming("c1", node, _segment_name(i))
+    data = bytes([i % 251]) * size
+    if complete:
+        store.put_bytes(key, data, checksum=sha256_bytes(data))
+    else:
+        store.put_bytes(key, data)          # no sidecar: an upload cut short
+    return key
+
+
+@pytest.fixture
+def cfg(tmp_path) -> P.PipelineConfig:
+    (tmp_path / "schema.cql").write_text(SAMPLE_SCHEMA_CQL)
+    return P.PipelineConfig(store_url=str(tmp_path / "store"), cluster="c1", schema_file=str(tmp_path / "schema.cql"),
+                            now=NOW)
+
+
+def test_claim_takes_complete_segments_oldest_first_per_node_within_limits(cfg):
+    store = P.open_store(cfg)
+    for i in (3, 1, 2):
+        _put_segment(store, "n1", i)
+    for i in (12, 11):
+        _put_segment(store, "n2", i)
+    _put_segment(store, "n2", 10, complete=False)
+    cfg.max_segments = 3
+    b = P.claim(cfg, "run-1")
+    # every node's oldest first, interleaved so no node waits behind another
+    assert [(s["node"], s["name"]) for s in b.segments] == [
+        ("n1", _segment_name(1)), ("n2", _segment_name(11)), ("n1", _segment_name(2))]
+    assert b.batch_seq == 1 and b.state == "claimed" and b.now == NOW
+    assert b.steps["claim"]["incomplete_uploads"] == 1 and b.steps["claim"]["pending"] == 2
+    stored = P.read_batch(store, b.batch_id)
+    assert stored.segments == b.segments and stored.claimed_by == "run-1"
+
+
+def test_byte_limit_still_takes_one_segment(cfg):
+    store = P.open_store(cfg)
+    _put_segment(store, "n1", 1, size=5000)
+    _put_segment(store, "n1", 2, size=5000)
+    cfg.max_bytes = 100
+    assert len(P.claim(cfg).segments) == 1
+
+
+def test_unfinished_batch_is_resumed_not_reclaimed(cfg):
+    store = P.open_store(cfg)
+    _put_segment(store, "n1", 1)
+    first = P.claim(cfg)
+    _put_segment(store, "n1", 2)                     # arrives after the crash
+    again = P.claim(cfg)
+    assert again.batch_id == first.batch_id and again.segments == first.segments and again.resumed
+    assert again.now == first.now                    # the same batch, byte for byte: same processing time
+
+
+def test_manifest_written_but_pointer_not_is_found(cfg):
+    store = P.open_store(cfg)
+    _put_segment(store, "n1", 1)
+
+    class Crash(Exception):
+        pass
+
+    def die(point):
+        if point == "claim:manifest_written":
+            raise Crash()
+    with pytest.raises(Crash):
+        P.claim(cfg, fault=die)
+    assert not store.exists(P.POINTER_KEY)           # died between the manifest and the pointer
+    again = P.claim(cfg)
+    assert again.batch_seq == 1 and again.resumed
+
+
+def test_nothing_new_is_an_empty_batch_and_writes_no_manifest(cfg):
+    b = P.claim(cfg)
+    assert b.empty and b.steps["claim"]["segments"] == 0
+    store = P.open_store(cfg)
+    assert store.list("ledger/") == []
+    assert P.read_metrics(cfg)["last"]["claim"]["segments"] == 0
+
+
+def test_archive_refuses_until_published(cfg):
+    store = P.open_store(cfg)
+    key = _put_segment(store, "n1", 1)
+    b = P.claim(cfg)
+    with pytest.raises(P.PipelineError):
+        P.archive(cfg, b)
+    b.state = "transformed"
+    P._save(store, b)
+    with pytest.raises(P.PipelineError):             # transformed is not published either
+        P.archive(cfg, b)
+    with pytest.raises(P.PipelineError):             # publish before transform is refused too
+        P.publish(cfg, _with_state(store, b, "claimed"))
+    assert store.exists(key) and store.list("archived/") == []
+
+
+def _with_state(store, b, state):
+    b = P.Batch.from_dict({**b.to_dict(), "state": state})
+    P._save(store, b)
+    return b
+
+
+def _seed_state(cfg, mutations, now):
+    """State tables as an earlier batch left them (no Spark: the same core the Spark job runs)."""
+    store = P.open_store(cfg)
+    recs = []
+    for j, m in enumerate(mutations):
+        recs += mutation_records(m, j)
+    run_store_batch(DeltaRsStateStore(P.delta_root(cfg, store)), sample_schema(), [records_to_batch(recs)],
+                    batch_id=P.batch_id_for(1), batch_seq=1, now=now)
+    batch = P.Batch(P.batch_id_for(1), 1, "archived", [], now, None)
+    P._save(store, batch)
+    store.put_json(P.POINTER_KEY, {"batch_seq": 1, "batch_id": batch.batch_id})
+
+
+def test_sweep_batch_publishes_expiries_when_due(cfg, kafka_broker):
+    w = Workload(sample_schema(), seed=7, partitions=10)
+    muts = list(w.mutations(300))                    # (this seed has TTL'd visible rows; some seeds have none)
+    _seed_state(cfg, muts, NOW)
+    cfg.kafka_bootstrap = kafka_broker
+    cfg.topic_prefix = "sweep"
+    cfg.now = NOW + 30                               # not yet due (sweep_interval_s = 300), nothing requested
+    assert P.claim(cfg).empty
+    P.request_sweep(cfg)                             # what the maintenance DAG does
+    cfg.now = NOW + 4000                             # every TTL of the workload has run out
+    b = P.run_once(cfg)
+    assert b.sweep and b.segments == [] and b.prev_now == NOW and b.state == "archived"
+    assert not P.open_store(cfg).exists(P.SWEEP_REQUEST_KEY)
+    rows = list(read_outbox(P.delta_root(cfg, P.open_store(cfg)), b.batch_id))
+    assert rows and all(json.loads(r["event_json"])["source"]["expired"] for r in rows)
+    assert b.steps["publish"]["events"] == len(rows)
+
+
+def test_snapshot_batch_is_one_read_event_per_visible_row(cfg, kafka_broker):
+    from cdc_lib.delta_store import read_state, visible_table
+    w = Workload(sample_schema(), seed=4, partitions=10)
+    _seed_state(cfg, list(w.mutations(100)), NOW)
+    cfg.kafka_bootstrap = kafka_broker
+    cfg.topic_prefix = "snap"
+    P.request_snapshot(cfg)
+    b = P.run_once(cfg)
+    assert b.snapshot and b.now == NOW and b.state == "archived"
+    rows = list(read_outbox(P.delta_root(cfg, P.open_store(cfg)), b.batch_id))
+    assert {r["op"] for r in rows} == {"r"}
+    want = 0
+    root = P.delta_root(cfg, P.open_store(cfg))
+    for t in sample_schema().tables.values():
+        if not t.keyspace.startswith("system"):
+            want += len(visible_table(t, read_state(root, t.keyspace, t.name), NOW))
+    assert len(rows) == want > 0
+    assert P.claim(cfg).empty                        # the request was consumed
+
+
+def test_cluster_snapshot_reads_rows_through_the_driver_session():
+    table = sample_schema().by_name("shop", "sessions")
+    Row = namedtuple("Row", [c.name for c in table.columns.values()])
+    rows = [Row(**{c: None for c in Row._fields}) for _ in range(3)]
+    for i, r in enumerate(rows):
+        rows[i] = r._replace(user_id=i, device=f"d{i}")
+
+    class FakeSession:
+        def __init__(self):
+            self.statements = []
+
+        def execute(self, statement):
+            self.statements.append(statement)
+            return iter(rows)
+
+    s = FakeSession()
+    events = list(P.cluster_snapshot_events(s, table, cluster="c1", ts_ms=1000))
+    assert "shop" in str(getattr(s.statements[0], "query_string", s.statements[0]))
+    assert [e["key"] for e in events] == [{"user_id": i, "device": f"d{i}"} for i in range(3)]
+    assert all(e["op"] == "r" and e["source"]["snapshot"] and e["before"] is None for e in events)
+    assert len({e["id"] for e in events}) == 3
+
+
+def test_config_from_mapping_converts_and_ignores_unknown():
+    c = P.PipelineConfig.from_mapping({"max_segments": "7", "spark_submit": "true", "now": "12", "bogus": 1,
+                                       "schema_registry_url": "", "cassandra_hosts": "a, b"})
+    assert (c.max_segments, c.spark_submit, c.now, c.schema_registry_url, c.cassandra_hosts) == \
+        (7, True, 12, None, ["a", "b"])
