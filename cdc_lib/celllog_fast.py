@@ -215,32 +215,12 @@ def decode_into(log: FastCellLog, buf: bytes, schema, mv: int, segment: str, seg
         ldt0 = ((u + _LDT_EPOCH + _B31) & _M32) - _B31
         u, p = _read_uvint(buf, p)
         ttl0 = ((u + _B31) & _M32) - _B31
-        column_of = lay.column
-        # Column headers repeat from one mutation to the next: reuse the last parse when the bytes match.
         static_cols = ()
         if flags & 0x08:
-            last = lay.last_static
-            if last is not None and buf.startswith(last[0], p):
-                static_cols = last[1]
-                p += len(last[0])
-            else:
-                p0 = p
-                static_cols, p = _columns(buf, p, column_of)
-                lay.last_static = (buf[p0:p], static_cols)
-        last = lay.last_regular
-        if last is not None and buf.startswith(last[0], p):
-            regular_cols = last[1]
-            p += len(last[0])
-        else:
-            p0 = p
-            regular_cols, p = _columns(buf, p, column_of)
-            lay.last_regular = (buf[p0:p], regular_cols)
+            static_cols, p = _header(buf, p, lay, True)
+        regular_cols, p = _header(buf, p, lay, False)
         if flags & 0x04:
-            u, p = _read_uvint(buf, p)
-            dts = ((u + ts0 + _B63) & _M64) - _B63
-            u, p = _read_uvint(buf, p)
-            x = (u if u < 0x80000000 else (u & _M32) - ((u & _B31) << 1)) + ldt0
-            dldt = (x & _M32) if unsigned_ldt else ((x + _B31) & _M32) - _B31
+            dts, dldt, p = _deletion(buf, p, ts0, ldt0, unsigned_ldt)
             rows_append((uidx, b"", None, None, None, False, _PDEL, None, None, None, dts, 0, dldt))
         cfixed = lay.clustering_fixed
         ncl = len(cfixed)
@@ -265,17 +245,9 @@ def decode_into(log: FastCellLog, buf: bytes, schema, mv: int, segment: str, seg
                 size = (buf[p + 1] << 8) | buf[p + 2]
                 p += 3
                 values, p = _clustering(buf, p, cfixed, size)
-                u, p = _read_uvint(buf, p)
-                d1ts = ((u + ts0 + _B63) & _M64) - _B63
-                u, p = _read_uvint(buf, p)
-                x = (u if u < 0x80000000 else (u & _M32) - ((u & _B31) << 1)) + ldt0
-                d1ldt = (x & _M32) if unsigned_ldt else ((x + _B31) & _M32) - _B31
+                d1ts, d1ldt, p = _deletion(buf, p, ts0, ldt0, unsigned_ldt)
                 if kind_ord == 2 or kind_ord == 5:
-                    u, p = _read_uvint(buf, p)
-                    d2ts = ((u + ts0 + _B63) & _M64) - _B63
-                    u, p = _read_uvint(buf, p)
-                    x = (u if u < 0x80000000 else (u & _M32) - ((u & _B31) << 1)) + ldt0
-                    d2ldt = (x & _M32) if unsigned_ldt else ((x + _B31) & _M32) - _B31
+                    d2ts, d2ldt, p = _deletion(buf, p, ts0, ldt0, unsigned_ldt)
                     markers.append((kind_ord, values, (d1ts, d1ldt), (d2ts, d2ldt)))
                 elif kind_ord in (0, 1, 6, 7):
                     markers.append((kind_ord, values, (d1ts, d1ldt), None))
@@ -313,11 +285,7 @@ def decode_into(log: FastCellLog, buf: bytes, schema, mv: int, segment: str, seg
                 else:
                     rows_append((uidx, cl, None, None, None, is_static, _LIVE, None, None, None, lts, 0, _NO_LDT))
             if flags_r & 0x10:
-                u, p = _read_uvint(buf, p)
-                rts = ((u + ts0 + _B63) & _M64) - _B63
-                u, p = _read_uvint(buf, p)
-                x = (u if u < 0x80000000 else (u & _M32) - ((u & _B31) << 1)) + ldt0
-                rldt = (x & _M32) if unsigned_ldt else ((x + _B31) & _M32) - _B31
+                rts, rldt, p = _deletion(buf, p, ts0, ldt0, unsigned_ldt)
                 rows_append((uidx, cl, None, None, None, is_static, _RDELS if ext & 0x02 else _RDEL, None,
                              None, None, rts, 0, rldt))
             if flags_r & 0x20:
@@ -355,11 +323,7 @@ def decode_into(log: FastCellLog, buf: bytes, schema, mv: int, segment: str, seg
             for name, is_complex, fixed in row_cols:
                 if is_complex:
                     if has_cdel:
-                        u, p = _read_uvint(buf, p)
-                        cts = ((u + ts0 + _B63) & _M64) - _B63
-                        u, p = _read_uvint(buf, p)
-                        x = (u if u < 0x80000000 else (u & _M32) - ((u & _B31) << 1)) + ldt0
-                        cldt = (x & _M32) if unsigned_ldt else ((x + _B31) & _M32) - _B31
+                        cts, cldt, p = _deletion(buf, p, ts0, ldt0, unsigned_ldt)
                         if cts != _NO_TS:
                             pending_cdel.extend((uidx, cl, None, None, None, is_static, _CDEL, name, None,
                                                  None, cts, 0, cldt))
@@ -466,6 +430,29 @@ def decode_into(log: FastCellLog, buf: bytes, schema, mv: int, segment: str, seg
     if p != end:
         raise ValueError("trailing bytes")
     return n_updates
+
+
+def _deletion(buf, p, ts0, ldt0, unsigned_ldt):
+    """A delta-encoded DeletionTime: (marked_for_delete_at, local_deletion_time, next position)."""
+    u, p = _read_uvint(buf, p)
+    ts = ((u + ts0 + _B63) & _M64) - _B63
+    u, p = _read_uvint(buf, p)
+    x = (u if u < 0x80000000 else (u & _M32) - ((u & _B31) << 1)) + ldt0
+    return ts, ((x & _M32) if unsigned_ldt else ((x + _B31) & _M32) - _B31), p
+
+
+def _header(buf, p, lay, static: bool):
+    """A column header; headers repeat from one mutation to the next, so the last parse is reused when the
+    bytes match (one C-level ``startswith`` instead of parsing every name)."""
+    last = lay.last_static if static else lay.last_regular
+    if last is not None and buf.startswith(last[0], p):
+        return last[1], p + len(last[0])
+    cols, q = _columns(buf, p, lay.column)
+    if static:
+        lay.last_static = (buf[p:q], cols)
+    else:
+        lay.last_regular = (buf[p:q], cols)
+    return cols, q
 
 
 def _columns(buf, p, column_of):

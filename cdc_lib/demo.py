@@ -145,8 +145,8 @@ def query_delta(root: str, storage_options: dict, keyspace: str, table: str, lim
     return live.select(pl.len()).collect().item(), live.head(limit).collect()
 
 
-def run_demo(n_mutations: int = 3000, workdir: Path | None = None, keep: bool = False, seed: int = 7,
-             max_segments: int = 8) -> dict:
+def run_demo(n_mutations: int = 2000, workdir: Path | None = None, keep: bool = False, seed: int = 7,
+             max_segments: int = 16) -> dict:
     from .agent import Agent, AgentConfig
     from .embedded import run_kafka_broker, run_s3_server
     from .pipeline import PipelineConfig, open_store, read_metrics
@@ -255,11 +255,11 @@ def _print_summary(s: dict, store_url: str) -> None:
 
 def demo_main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="cassandra-cdc demo", description=__doc__.split("\n\n")[0])
-    p.add_argument("--mutations", type=int, default=3000, help="generated writes (each on 3 replicas)")
+    p.add_argument("--mutations", type=int, default=2000, help="generated writes (each on 3 replicas)")
     p.add_argument("--workdir", type=Path, help="keep everything here (default: a temporary directory)")
     p.add_argument("--keep", action="store_true", help="do not delete the temporary directory")
     p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--max-segments", type=int, default=8, help="segments per batch (DAG param)")
+    p.add_argument("--max-segments", type=int, default=16, help="segments per batch (DAG param)")
     a = p.parse_args(argv)
     try:
         run_demo(a.mutations, a.workdir, a.keep, a.seed, a.max_segments)

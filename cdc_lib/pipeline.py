@@ -45,7 +45,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -686,7 +685,6 @@ def publish(config: PipelineConfig, batch, *, fault: Fault = _noop) -> Batch:
 
 def archive(config: PipelineConfig, batch, *, fault: Fault = _noop) -> Batch:
     """Move the batch's segments out of ``incoming/``: only after Kafka has every event of the batch."""
-    from .publish import KafkaPublisher  # noqa: F401 - same ledger key convention (Layout.ledger)
     store = open_store(config)
     batch = _reload(store, batch)
     if batch.empty:

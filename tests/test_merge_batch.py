@@ -106,6 +106,45 @@ def test_spark_batches_equal_the_core_and_the_model(spark, cluster, tmp_path):
     assert not again.outbox_written and not again.tables
     assert sorted(p for p in root.rglob("_delta_log/*.json")) == logs
 
+    # a row written with a 60 s TTL, then a batch without segments after it ran out: only the sweep of
+    # stored partitions (marker rows in the Spark job) can produce its expiry event
+    ttl_seg = _ttl_segment(tmp_path / "ttl" / "node1", schema, NOW0 + 130)
+    later = NOW0 + 4000
+    for i, (paths, now, prev) in enumerate([([ttl_seg], NOW0 + 140, nows[1]), ([], later, NOW0 + 140)], 2):
+        res = run_batch(spark, paths, root=str(root), schema=schema, batch_id=f"b{i}", batch_seq=i + 1,
+                        now=now, prev_now=prev, cluster="c1")
+        cells = list(read_cell_log(paths, schema, on_damage=lambda d: None))
+        run_store_batch(DeltaRsStateStore(str(core)), schema, cells, batch_id=f"b{i}", batch_seq=i + 1, now=now,
+                        prev_now=prev, cluster="c1")
+    rows = list(read_outbox(str(root), "b3"))
+    assert res.events == len(rows) == 1
+    ev = json.loads(rows[0]["event_json"])
+    assert ev["op"] == "d" and ev["source"]["expired"] and ev["source"]["ts_us"] == (NOW0 + 190) * 1_000_000
+    for i in (2, 3):
+        assert list(read_outbox(str(root), f"b{i}")) == list(read_outbox(str(core), f"b{i}"))
+    for t in schema.tables.values():
+        assert _sorted_state(root, t) == _sorted_state(core, t), t.name
+
+
+def _ttl_segment(directory, schema, at_s):
+    """A segment holding one INSERT into shop.sessions with a 60 s TTL, written at ``at_s``."""
+    import ipaddress
+    from cdc_lib import cqltypes
+    from cdc_lib.model import Cell, LivenessInfo, Mutation, PartitionUpdate, Row
+    from cdc_lib.mutation import encode_mutation, finish_update
+    from cdc_lib.writer import SegmentWriter
+    table = schema.by_name("shop", "sessions")
+    key = cqltypes.composite_encode([c.type for c in table.partition_key], [424242, "watch"])
+    ts = at_s * 1_000_000
+    ip = table.columns["ip"].type.encode(ipaddress.ip_address("10.9.9.9"))
+    row = Row((), LivenessInfo(ts, 60, at_s + 60), cells=[Cell("ip", ip, ts, 60, at_s + 60)])
+    m = Mutation([finish_update(PartitionUpdate(table.id, key, table, unfiltereds=[row]))])
+    directory.mkdir(parents=True)
+    w = SegmentWriter(str(directory), 1_763_009_000_001, version=7, segment_size=64 * 1024)
+    w.add(encode_mutation(m, schema))
+    w.close()
+    return str(w.path)
+
 
 class Crash(Exception):
     pass
