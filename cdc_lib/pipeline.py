@@ -95,7 +95,8 @@ class PipelineConfig:
     cassandra_username: Optional[str] = None
     cassandra_password: Optional[str] = None
     kafka_bootstrap: str = "127.0.0.1:9092"
-    kafka_format: str = "json"                 # json (the outbox's form); see publish_events for avro
+    kafka_format: str = "json"                 # json | avro (Confluent wire format with schema_registry_url,
+                                               # Avro single-object encoding without)
     topic_prefix: str = "cdc"
     schema_registry_url: Optional[str] = None
     kafka_partitions: int = 1
@@ -625,16 +626,36 @@ def cluster_snapshot_events(session, table, *, cluster: str = "", fetch_size: in
 
 # ------------------------------------------------------------------------------------------------ 3. publish
 
-def _outbox_events(config: PipelineConfig, root: str, batch: Batch, tally: dict) -> list:
-    """The batch's outbox rows as ``publish.OutboxEvent`` (JSON bytes exactly as the outbox holds them)."""
-    from .publish import OutboxEvent, table_topic
+def _codec(config: PipelineConfig, store):
+    """None for JSON (the outbox's own bytes are published), else the Avro codec."""
+    if config.kafka_format == "json":
+        return None
+    if config.kafka_format != "avro":
+        raise ConfigError(f"kafka_format {config.kafka_format!r}: use 'json' or 'avro'")
+    from .publish import AvroCodec, SchemaRegistryClient
+    registry = SchemaRegistryClient(config.schema_registry_url) if config.schema_registry_url else None
+    return AvroCodec(registry, schema_store=store)
+
+
+def _outbox_events(config: PipelineConfig, root: str, batch: Batch, tally: dict, codec=None) -> list:
+    """The batch's outbox rows as ``publish.OutboxEvent``: the JSON bytes exactly as the outbox holds them, or
+    the same events in Avro (``publish.avro_from_json_outbox`` restores the typed values)."""
+    from .publish import OutboxEvent, avro_from_json_outbox, table_topic
     from .delta_store import read_outbox
+    schema = load_schema(config) if codec is not None else None
     out = []
     seq = 0
     for r in read_outbox(root, batch.batch_id, config.delta_options()):
         topic = table_topic(config.topic_prefix, r["keyspace"], r["table"])
-        key = r["key_json"].encode()
-        out.append(OutboxEvent(r["event_id"], topic, key, r["event_json"].encode(), seq))
+        if codec is None:
+            key, value = r["key_json"].encode(), r["event_json"].encode()
+        else:
+            table = schema.by_name(r["keyspace"], r["table"])
+            if table is None:
+                raise PipelineError(f"publish: table {r['keyspace']}.{r['table']} of event {r['event_id']} is not "
+                                    "in the schema; cannot encode it as Avro")
+            key, value = avro_from_json_outbox(codec, table, topic, r["key_json"], r["event_json"])
+        out.append(OutboxEvent(r["event_id"], topic, key, value, seq))
         seq += 1
         tally["by_op"][r["op"]] = tally["by_op"].get(r["op"], 0) + 1
         tname = f"{r['keyspace']}.{r['table']}"
@@ -657,14 +678,11 @@ def publish(config: PipelineConfig, batch, *, fault: Fault = _noop) -> Batch:
     if STATES.index(batch.state) >= STATES.index("published"):
         log.info("publish: %s already published", batch.batch_id)
         return batch
-    if config.kafka_format != "json":
-        # The outbox keeps events in their JSON form; Avro needs the typed values back (cqltypes has no
-        # from_json yet), so Avro publication is not wired here.
-        raise ConfigError(f"kafka_format {config.kafka_format!r}: only 'json' is supported by the pipeline")
+    codec = _codec(config, store)
     t0 = time.monotonic()
     fault("publish:before")
     tally: dict = {"by_op": {}, "by_table": {}}
-    events = _outbox_events(config, delta_root(config, store), batch, tally)
+    events = _outbox_events(config, delta_root(config, store), batch, tally, codec)
     publisher = KafkaPublisher(config.kafka_bootstrap, store, ledger_prefix=Layout.LEDGER,
                                num_partitions=config.kafka_partitions, timeout_s=config.kafka_timeout_s,
                                fault=lambda point, **info: fault(f"publish:{point}"))
