@@ -197,9 +197,14 @@ def load_schema(config: PipelineConfig):
         return load_cql_schema(Path(config.schema_file))
     if config.schema_source == "driver":
         from . import schema_driver
-        loader = getattr(schema_driver, "load_schema_from_cluster", None) or getattr(schema_driver, "load_schema")
-        return loader(config.cassandra_hosts, port=config.cassandra_port, username=config.cassandra_username,
-                      password=config.cassandra_password)
+        if not config.cassandra_hosts:
+            raise ConfigError("schema_source 'driver' needs cassandra_hosts (or the Cassandra connection)")
+        options = {}
+        if config.cassandra_username:
+            from cassandra.auth import PlainTextAuthProvider
+            options["auth_provider"] = PlainTextAuthProvider(config.cassandra_username,
+                                                             config.cassandra_password or "")
+        return schema_driver.load_from_cluster(config.cassandra_hosts, port=config.cassandra_port, **options)
     raise ConfigError(f"schema_source must be 'cql' or 'driver', got {config.schema_source!r}")
 
 

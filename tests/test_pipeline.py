@@ -228,3 +228,22 @@ def test_avro_format_publishes_decodable_envelopes(cfg, kafka_broker):
         assert value["source"]["table"] == want["source"]["table"]
         assert sorted(k for k, v in value["after"].items() if v is not None and not k.startswith("_")) == \
             sorted(k for k, v in want["after"].items() if v is not None)
+
+
+def test_driver_schema_source_reads_the_cluster_with_credentials(monkeypatch):
+    import cdc_lib.schema_driver as sd
+    seen = {}
+
+    def fake(hosts, keyspaces=None, *, port=9042, strict=False, **options):
+        seen.update(hosts=hosts, port=port, auth=options.get("auth_provider"))
+        return sample_schema()
+    monkeypatch.setattr(sd, "load_from_cluster", fake)
+    cfg = P.PipelineConfig.from_mapping({"schema_source": "driver", "cassandra_hosts": "10.0.0.1, 10.0.0.2",
+                                         "cassandra_port": "9142", "cassandra_username": "cdc",
+                                         "cassandra_password": "pw"})
+    schema = P.load_schema(cfg)
+    assert schema.by_name("shop", "orders") is not None
+    assert seen["hosts"] == ["10.0.0.1", "10.0.0.2"] and seen["port"] == 9142
+    assert seen["auth"].username == "cdc" and seen["auth"].password == "pw"
+    with pytest.raises(P.ConfigError):
+        P.load_schema(P.PipelineConfig(schema_source="driver"))
