@@ -12,8 +12,6 @@ format and one for the errors: the reference.
 """
 from __future__ import annotations
 
-import contextlib
-import gc
 import uuid
 
 import numpy as np
@@ -21,6 +19,7 @@ import pyarrow as pa
 
 from . import wire
 from .celllog import CELL_LOG_SCHEMA, binary_array, encode_clustering
+from .gcpause import gc_paused
 from .murmur3 import token as murmur3_token
 
 _M64 = (1 << 64) - 1
@@ -40,20 +39,6 @@ _CELL, _TOMB, _LIVE, _RDEL, _RDELS, _CDEL, _PDEL, _RT = (
 
 
 NFIELDS = 13   # values per record in FastCellLog.rows
-
-
-@contextlib.contextmanager
-def _gc_paused():
-    """The records are tuples of ints/bytes/str (no cycles), but allocating millions of them makes the cyclic
-    collector rescan the growing record buffer again and again (measured: to_batch 2.5x slower). Pause it."""
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 class _TableLayout:
@@ -111,7 +96,7 @@ class FastCellLog:
         """Append the records of one mutation; returns its number of partition updates. On error nothing of
         this entry is kept and the exception propagates (decode with the reference for the typed error)."""
         nu, nr = len(self.updates), len(self.rows)
-        with _gc_paused():
+        with gc_paused():
             try:
                 return decode_into(self, data, schema, messaging_version, segment, segment_id, position,
                                    entry_index)
@@ -134,7 +119,7 @@ class FastCellLog:
                               r["timestamp"], r["ttl"], r["local_deletion_time"]))
 
     def to_batch(self) -> pa.RecordBatch:
-        with _gc_paused():
+        with gc_paused():
             return self._to_batch()
 
     def _to_batch(self) -> pa.RecordBatch:

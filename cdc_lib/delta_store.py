@@ -71,12 +71,13 @@ import pyarrow.compute as pc
 
 from .avro import to_json_event, to_json_key
 from .batch import process_cell_log
+from .gcpause import gc_paused
 from .cqltypes import EMPTY
 from .errors import CdcError, SchemaError
 from .events import partition_next_expiry
 from .murmur3 import token as murmur3_token
 from .state import (STATE_SCHEMA, STATIC_KEY, PartitionState, partition_from_records, partition_images,
-                    partition_to_records, typed_row)
+                    partition_to_records, _info, _typed_row)
 from .storage import Layout
 
 DEFAULT_APP_ID = "cassandra-cdc"
@@ -244,21 +245,27 @@ def state_arrow_schema(table) -> pa.Schema:
     return pa.schema(fields + META_FIELDS)
 
 
-def _typed(table, row: Optional[dict]) -> dict:
-    if row is None:
-        return {}
-    cols = table.columns
-    return {n: to_arrow_value(cols[n].type, v) for n, v in row.items() if n in cols}
+_META_NAMES = {f.name: META_PREFIX + f.name for f in STATE_SCHEMA}
+_NO_IMAGES = ({}, None)
+
+
+def _converters(table) -> dict:
+    """{column name: ``to_arrow_value`` converter} of the table's current columns (looked up per call: the
+    converters themselves are cached per type)."""
+    return {n: _converter(c.type) for n, c in table.columns.items()}
 
 
 def partition_rows(table, partition_key: bytes, part: PartitionState, now: int, batch_seq: int,
                    token: Optional[int] = None) -> list:
     """The state rows (dicts, ``state_arrow_schema``) of one partition as of ``now``."""
     tok = murmur3_token(partition_key) if token is None else token
+    info = _info(table)
+    convs = _converters(table)
     images = partition_images(table, part, now)
     next_expiry = partition_next_expiry(part, now)
-    keys_only = _typed(table, typed_row(table, partition_key, STATIC_KEY, ({}, None)))
-    keys_only = {c.name: keys_only.get(c.name) for c in table.partition_key}
+    key_row = _typed_row(info, table, partition_key, STATIC_KEY, _NO_IMAGES)
+    keys_only = {c.name: convs[c.name](key_row[c.name]) for c in table.partition_key}
+    ck_names = [c.name for c in table.clustering]
     out = []
     for rec in partition_to_records(partition_key, part):
         kind = rec["row_kind"]
@@ -268,16 +275,19 @@ def partition_rows(table, partition_key: bytes, part: PartitionState, now: int, 
             ck = rec["clustering"]
             imgs = images.get(ck)
             if imgs is not None:
-                row.update(_typed(table, typed_row(table, partition_key, ck, imgs)))
+                for n, v in _typed_row(info, table, partition_key, ck, imgs).items():
+                    row[n] = convs[n](v)
                 live = True
             else:
-                keyed = typed_row(table, partition_key, ck, ({}, None))
-                row.update(_typed(table, {c.name: keyed[c.name] for c in table.clustering}))
+                keyed = _typed_row(info, table, partition_key, ck, _NO_IMAGES)
+                for n in ck_names:
+                    row[n] = convs[n](keyed[n])
         elif kind == "static" and STATIC_KEY in images:
-            row.update(_typed(table, typed_row(table, partition_key, STATIC_KEY, images[STATIC_KEY])))
+            for n, v in _typed_row(info, table, partition_key, STATIC_KEY, images[STATIC_KEY]).items():
+                row[n] = convs[n](v)
             live = True
         for k, v in rec.items():
-            row[META_PREFIX + k] = v
+            row[_META_NAMES[k]] = v
         row["_cdc_token"] = tok
         row["_cdc_live"] = live
         row["_cdc_next_expiry"] = next_expiry
@@ -286,8 +296,15 @@ def partition_rows(table, partition_key: bytes, part: PartitionState, now: int, 
     return out
 
 
-def _record_identity(rec: dict) -> tuple:
-    return (rec["row_kind"], rec["clustering"])
+def _record_identities(part: PartitionState) -> list:
+    """(row_kind, clustering) of each of ``partition_to_records(pk, part)``, in order, without building them."""
+    out = []
+    if part.deletion is not None or part.range_tombstones:
+        out.append(("partition", b""))
+    if not part.static.is_empty():
+        out.append(("static", b""))
+    out += [("row", ck) for ck in sorted(part.rows)]
+    return out
 
 
 def change_rows(table, partition_key: bytes, prior: Optional[PartitionState], new: PartitionState, now: int,
@@ -301,8 +318,7 @@ def change_rows(table, partition_key: bytes, prior: Optional[PartitionState], ne
         tok = rows[0]["_cdc_token"] if rows else None
         if tok is None:
             tok = murmur3_token(partition_key) if token is None else token
-        for rec in partition_to_records(partition_key, prior):
-            ident = _record_identity(rec)
+        for ident in _record_identities(prior):
             if ident not in present:
                 rows.append({"_cdc_token": tok, "_cdc_partition_key": partition_key, "_cdc_row_kind": ident[0],
                              "_cdc_clustering": ident[1], DELETE_FLAG: True})
@@ -538,13 +554,16 @@ class DeltaRsStateStore:
 
     def commit_states(self, table, batch_seq: int, results: Iterable, now: int) -> bool:
         """``commit`` for ``batch.PartitionResult`` objects (only changed ones are written)."""
-        rows = []
-        for r in results:
-            if r.changed:
-                rows += change_rows(table, r.partition_key, r.prior, r.state, now, batch_seq, r.token)
-        if not rows:
-            return False       # nothing to write; a rerun recomputes the same nothing
-        return self.commit(table, batch_seq, rows_to_arrow(table, rows))
+        with gc_paused():
+            rows = []
+            for r in results:
+                if r.changed:
+                    rows += change_rows(table, r.partition_key, r.prior, r.state, now, batch_seq, r.token)
+            if not rows:
+                return False       # nothing to write; a rerun recomputes the same nothing
+            source = rows_to_arrow(table, rows)
+            del rows
+        return self.commit(table, batch_seq, source)
 
 
 META_SCHEMA = pa.schema(META_FIELDS)
@@ -555,9 +574,14 @@ def states_from_rows(t: pa.Table) -> dict:
     groups: dict = {}
     cols = [f.name for f in STATE_SCHEMA]
     sub = t.select([META_PREFIX + c for c in cols]).rename_columns(cols)
-    for r in sub.to_pylist():
-        groups.setdefault(r["partition_key"], []).append(r)
-    return {pk: partition_from_records(recs) for pk, recs in groups.items()}
+    with gc_paused():
+        for r in sub.to_pylist():
+            recs = groups.get(r["partition_key"])
+            if recs is None:
+                groups[r["partition_key"]] = [r]
+            else:
+                recs.append(r)
+        return {pk: partition_from_records(recs) for pk, recs in groups.items()}
 
 
 def _as_reader(data, schema: pa.Schema) -> pa.RecordBatchReader:
@@ -639,10 +663,11 @@ def run_store_batch(store: DeltaRsStateStore, schema, cell_log_batches, *, batch
                            expiring_keys=store.expiring_keys, cluster=cluster)
     events = []
     tables = sorted(out.tables.values(), key=lambda tr: (tr[0].keyspace, tr[0].name, str(tr[0].id)))
-    for table, results in tables:
-        for r in results:
-            for e in r.events:
-                events.append(outbox_row(table, e, batch_id, batch_seq, len(events)))
+    with gc_paused():      # millions of small, acyclic rows: the cyclic collector would only rescan them
+        for table, results in tables:
+            for r in results:
+                for e in r.events:
+                    events.append(outbox_row(table, e, batch_id, batch_seq, len(events)))
     written = store.write_outbox(batch_seq, pa.Table.from_pylist(events, schema=OUTBOX_SCHEMA), batch_id)
     counts = {}
     for table, results in tables:

@@ -54,8 +54,8 @@ import hashlib
 from typing import Iterable, Optional
 
 from .celllog import KIND_PARTITION_DELETION, KIND_RANGE_TOMBSTONE
-from .state import (ALL_ROWS, STATIC_KEY, PartitionState, StateError, apply_record, clustering_sort_key,
-                    partition_images, typed_row, _row_shadow_ts)
+from .state import (ALL_ROWS, STATIC_KEY, PartitionState, StateError, clustering_sort_key, partition_images,
+                    _apply_record, _info, _row_shadow_ts, _typed_row)
 
 CONNECTOR = "cassandra-cdc"
 OP_CREATE, OP_UPDATE, OP_DELETE, OP_READ = "c", "u", "d", "r"
@@ -75,9 +75,15 @@ class _Emitter:
         self.node = node
         self.ts_ms = ts_ms
         self.sort_key = clustering_sort_key(table) if table.clustering else None
+        info = self.info = _info(table)     # per-table facts, computed once per table, not per partition
+        self.table_id = info.table_id
+        self.change_plan = info.change_plan
+        self.key_names = info.key_names
 
     def ordered(self, keys) -> list:
         keys = list(keys)
+        if len(keys) == 1:
+            return keys
         static = [k for k in keys if k is STATIC_KEY]
         rest = [k for k in keys if k is not STATIC_KEY]
         if self.sort_key is not None and len(rest) > 1:
@@ -97,18 +103,15 @@ class _Emitter:
 
     def event(self, pk, part, key, b_img, a_img, now, ts_us, segment, position, expired, op=None) -> dict:
         table = self.table
+        info = self.info
         if op is None:
             op = OP_CREATE if b_img is None else (OP_DELETE if a_img is None else OP_UPDATE)
-        before = typed_row(table, pk, key, b_img)
-        after = typed_row(table, pk, key, a_img)
-        changed = _changed_columns(table, b_img, a_img)
-        key_values = {}
+        before = None if b_img is None else _typed_row(info, table, pk, key, b_img)
+        after = None if a_img is None else _typed_row(info, table, pk, key, a_img)
+        changed = _changed_columns(self.change_plan, b_img, a_img)
         ref = after if after is not None else before
-        for col in table.partition_key:
-            key_values[col.name] = ref[col.name]
-        for col in table.clustering:
-            key_values[col.name] = ref[col.name]
-        eid = _event_id(table, pk, key, op, ts_us, expired, part, a_img)
+        key_values = {name: ref[name] for name in self.key_names}
+        eid = _event_id(table, pk, key, op, ts_us, expired, part, a_img, self.table_id)
         return {
             "id": eid, "op": op, "key": key_values, "before": before, "after": after, "changed": changed,
             "source": {"cluster": self.cluster, "node": self.node, "keyspace": table.keyspace,
@@ -118,24 +121,26 @@ class _Emitter:
         }
 
 
-def _changed_columns(table, b_img, a_img) -> list:
+def _changed_columns(plan: list, b_img, a_img) -> list:
+    """The columns whose value differs between two images (key columns for creates and deletes), in
+    ``table.columns`` order; ``plan`` is the table's columns classified once (``_Emitter.change_plan``)."""
     out = []
     b_static, b_row = b_img if b_img is not None else (None, None)
     a_static, a_row = a_img if a_img is not None else (None, None)
     creates_or_deletes = b_img is None or a_img is None
-    for col in table.columns.values():
-        if col.kind in ("partition_key", "clustering"):
+    for name, kind in plan:
+        if kind == 0:
             if creates_or_deletes:
-                out.append(col.name)
+                out.append(name)
             continue
-        if col.kind == "static":
-            x = None if b_static is None else b_static.get(col.name)
-            y = None if a_static is None else a_static.get(col.name)
+        if kind == 1:
+            x = None if b_static is None else b_static.get(name)
+            y = None if a_static is None else a_static.get(name)
         else:
-            x = None if b_row is None else b_row.get(col.name)
-            y = None if a_row is None else a_row.get(col.name)
+            x = None if b_row is None else b_row.get(name)
+            y = None if a_row is None else a_row.get(name)
         if x != y:
-            out.append(col.name)
+            out.append(name)
     return out
 
 
@@ -146,10 +151,11 @@ def _row_state_repr(row) -> tuple:
             tuple(sorted((c, d, tuple(sorted(cells.items()))) for c, (d, cells) in row.complex.items())))
 
 
-def _event_id(table, pk: bytes, key, op: str, ts_us: int, expired: bool, part: PartitionState, a_img) -> str:
+def _event_id(table, pk: bytes, key, op: str, ts_us: int, expired: bool, part: PartitionState, a_img,
+              table_id: Optional[str] = None) -> str:
     """Hash of the table, key, op, write time and the row's resulting state (see the module docstring)."""
     h = hashlib.sha256()
-    h.update(repr((str(table.id), pk, key, op, ts_us, expired)).encode())
+    h.update(repr((str(table.id) if table_id is None else table_id, pk, key, op, ts_us, expired)).encode())
     h.update(repr(_row_state_repr(part.static)).encode())
     h.update(repr(part.deletion).encode())
     if key is not STATIC_KEY:
@@ -176,19 +182,25 @@ def apply_batch(table, states: dict, records: Iterable, now: int, *, cluster: st
                 ts_ms: Optional[int] = None) -> list:
     """Join ``records`` (cell-log dicts of one table) into ``states`` and return the change events."""
     emitter = _Emitter(table, cluster, node, now * 1000 if ts_ms is None else ts_ms)
+    info = emitter.info
     by_key: dict = {}
-    table_id = str(table.id)
+    table_id = emitter.table_id
     for rec in records:
         rid = rec.get("table_id")
         if rid is not None and rid != table_id:
             raise StateError(f"record of table {rid} in a batch for {table.qualified_name} ({table_id})")
-        by_key.setdefault(rec["partition_key"], []).append(rec)
+        recs = by_key.get(rec["partition_key"])
+        if recs is None:
+            by_key[rec["partition_key"]] = [rec]
+        else:
+            recs.append(rec)
     events = []
     for pk, recs in by_key.items():
         part = states.get(pk)
         if part is None:
             part = states[pk] = PartitionState()
-        recs.sort(key=_record_order)
+        if len(recs) > 1:
+            recs.sort(key=_record_order)
         i = 0
         n = len(recs)
         while i < n:
@@ -219,7 +231,7 @@ def apply_batch(table, states: dict, records: Iterable, now: int, *, cluster: st
                         part.rows[ck] = row.copy()
             changed = False
             for rec in group:
-                if apply_record(table, part, rec) is not None:
+                if _apply_record(info, table, part, rec) is not None:
                     changed = True
             if not changed:
                 continue

@@ -591,7 +591,8 @@ STATIC_ROW = "static"  # apply_record's "the static row changed"
 class _TableInfo:
     """Per-table facts the hot loops need, computed once per table object (recomputed when its column or
     dropped-column count changes; build a new TableMetadata rather than editing one in place)."""
-    __slots__ = ("shape", "counter", "lists", "complex", "drop_time", "current", "typed_columns")
+    __slots__ = ("shape", "counter", "lists", "complex", "drop_time", "current", "typed_columns", "pk_cols",
+                 "ck_cols", "pk_memo_ok", "pk_memo", "table_id", "change_plan", "key_names")
 
     def __init__(self, table, shape):
         self.shape = shape
@@ -604,6 +605,21 @@ class _TableInfo:
         self.drop_time = {n: d.dropped_time for n, d in table.dropped.items()}
         self.typed_columns = [(c.name, c.kind, c.type, _type_kind(c.type) == "counter", bool(c.type.multicell))
                               for c in table.columns.values() if c.kind not in ("partition_key", "clustering")]
+        self.pk_cols = tuple((c.name, c.type) for c in table.partition_key)
+        self.ck_cols = tuple((c.name, c.type) for c in table.clustering)
+        # consecutive typed rows mostly share one partition key: remember its decoded values, but only when
+        # they are immutable (a frozen collection decodes to a list/dict a caller could change)
+        self.pk_memo_ok = all(_type_kind(t) in _IMMUTABLE_KINDS for _, t in self.pk_cols)
+        self.pk_memo = None      # (partition key bytes, ((column, value), ...))
+        self.table_id = str(table.id)
+        # (name, 0 key / 1 static / 2 regular) in table.columns order: which image an event compares
+        self.change_plan = [(c.name, 0 if c.kind in ("partition_key", "clustering") else
+                             (1 if c.kind == "static" else 2)) for c in table.columns.values()]
+        self.key_names = [c.name for c in table.partition_key] + [c.name for c in table.clustering]
+
+
+_IMMUTABLE_KINDS = frozenset(("ascii", "text", "varchar", "blob", "boolean", "tinyint", "smallint", "int", "bigint",
+                              "counter", "varint", "float", "double", "uuid", "timeuuid"))
 
 
 _INFO: dict = {}
@@ -613,7 +629,8 @@ def _info(table) -> _TableInfo:
     hit = _INFO.get(id(table))
     if hit is not None and hit[0] is table:
         info = hit[1]
-        if info.shape == (len(table.columns), len(table.dropped)):
+        shape = info.shape
+        if shape[0] == len(table.columns) and shape[1] == len(table.dropped):
             return info
     shape = (len(table.columns), len(table.dropped))
     info = _TableInfo(table, shape)
@@ -644,6 +661,11 @@ def apply_record(table, part: PartitionState, rec) -> object:
     Returns what may have changed: the clustering bytes of one row, ``STATIC_ROW`` or ``ALL_ROWS``; ``None``
     when the record changed nothing.
     """
+    return _apply_record(_info(table), table, part, rec)
+
+
+def _apply_record(info: _TableInfo, table, part: PartitionState, rec) -> object:
+    """``apply_record`` with the table's facts already looked up (callers in loops look them up once)."""
     kind = rec["kind"]
     ts = rec["timestamp"]
     ldt = rec["local_deletion_time"]
@@ -691,13 +713,13 @@ def apply_record(table, part: PartitionState, rec) -> object:
         row = part.rows.get(ck)
         if row is None:
             row = part.rows[ck] = RowState()
-    changed = _apply_to_row(table, row, rec, kind, ts, ldt)
+    changed = _apply_to_row(info, row, rec, kind, ts, ldt)
     if not is_static and row.is_empty():
         del part.rows[ck]
     return ck if changed else None
 
 
-def _apply_to_row(table, row: RowState, rec, kind: str, ts: int, ldt: int) -> bool:
+def _apply_to_row(info: _TableInfo, row: RowState, rec, kind: str, ts: int, ldt: int) -> bool:
     if kind == KIND_ROW_DELETION:
         d = (ts, ldt)
         if row.deletion is not None and row.deletion >= d:
@@ -715,9 +737,11 @@ def _apply_to_row(table, row: RowState, rec, kind: str, ts: int, ldt: int) -> bo
         tomb = kind == KIND_CELL_TOMBSTONE
         cell = (ts, 0 if tomb else (rec["ttl"] or 0), ldt, tomb, b"" if value is None or tomb else bytes(value))
         path = rec["path"]
-        if not tomb and _is_counter_column(table, column):
+        if not tomb and column in info.counter:
             return _apply_counter(row, column, ts, cell[4])
-        if _is_complex_column(table, column, path is not None):
+        # _is_complex_column, inlined
+        if column in info.complex or (path is not None and column not in info.current
+                                      and column not in info.drop_time):
             if path is None:
                 raise StateError(f"cell of complex column {column!r} without a cell path")
             entry = row.complex.get(column)
@@ -804,12 +828,13 @@ def counter_shards_context(shards: dict) -> bytes:
 def apply_records(table, states: dict, records: Iterable) -> set:
     """Join records of one table into ``states`` ({partition key bytes: PartitionState}); returns touched keys."""
     touched = set()
+    info = _info(table)
     for rec in records:
         pk = rec["partition_key"]
         part = states.get(pk)
         if part is None:
             part = states[pk] = PartitionState()
-        apply_record(table, part, rec)
+        _apply_record(info, table, part, rec)
         touched.add(pk)
     return touched
 
@@ -907,10 +932,19 @@ def row_image(table, row: Optional[RowState], now: int, extra_shadow: int = NO_T
     """
     if row is None:
         return None
-    info = _info(table)
+    return _row_image(_info(table), table, row, now, extra_shadow)
+
+
+def _row_image(info: _TableInfo, table, row: RowState, now: int, extra_shadow: int = NO_TIMESTAMP) -> Optional[dict]:
+    """``row_image`` of a row (not None) with the table's facts already looked up."""
     current, drop_time = info.current, info.drop_time
-    shadow = max(extra_shadow, _effective_shadowable(row))
     lv = row.liveness
+    s = row.shadowable
+    # max(extra_shadow, _effective_shadowable(row)), inlined
+    if s is None or (lv is not None and lv[0] > s[0]) or s[0] <= extra_shadow:
+        shadow = extra_shadow
+    else:
+        shadow = s[0]
     live = lv is not None and lv[0] > shadow and _liveness_live(lv, now)
     image = {}
     for col, cell in row.cells.items():
@@ -952,29 +986,37 @@ def partition_images(table, part: PartitionState, now: int, only: Optional[Itera
     The row key is the clustering bytes, or ``STATIC_KEY`` (None) for the static-only row. With ``only``
     (an iterable of clustering bytes) just those rows are examined, plus the static-only row.
     """
-    static_img = row_image(table, part.static, now) if not part.static.is_empty() else None
+    info = _info(table)
+    static = part.static
+    static_img = _row_image(info, table, static, now) if not static.is_empty() else None
     static_vals = static_img if static_img is not None else {}
     out = {}
-    keys = part.rows.keys() if only is None else only
-    for ck in keys:
-        row = part.rows.get(ck)
-        if row is None:
-            continue
-        img = row_image(table, row, now)
-        if img is not None:
-            out[ck] = (static_vals, img)
-    if static_img is not None and _no_visible_row(table, part, now, out, only):
+    rows = part.rows
+    if only is None:
+        for ck, row in rows.items():
+            img = _row_image(info, table, row, now)
+            if img is not None:
+                out[ck] = (static_vals, img)
+    else:
+        for ck in only:
+            row = rows.get(ck)
+            if row is None:
+                continue
+            img = _row_image(info, table, row, now)
+            if img is not None:
+                out[ck] = (static_vals, img)
+    if static_img is not None and _no_visible_row(info, table, part, now, out, only):
         out[STATIC_KEY] = (static_img, None)
     return out
 
 
-def _no_visible_row(table, part, now, found, only) -> bool:
+def _no_visible_row(info, table, part, now, found, only) -> bool:
     if found:
         return False
     if only is None:
         return True
     for ck, row in part.rows.items():
-        if row_image(table, row, now) is not None:
+        if _row_image(info, table, row, now) is not None:
             return False
     return True
 
@@ -994,16 +1036,32 @@ def typed_row(table, partition_key: bytes, key, images: Optional[tuple]) -> Opti
     """Turn (static image, row image) into the typed CQL row {column: Python value or None}."""
     if images is None:
         return None
+    return _typed_row(_info(table), table, partition_key, key, images)
+
+
+def _key_values(info: _TableInfo, table, partition_key: bytes) -> dict:
+    """{partition key column: decoded value} (a new dict each call)."""
+    memo = info.pk_memo
+    if memo is not None and memo[0] == partition_key:
+        return dict(memo[1])
+    pairs = tuple((name, t.decode(v)) for (name, t), v in zip(info.pk_cols, split_partition_key(table, partition_key)))
+    if info.pk_memo_ok:
+        info.pk_memo = (partition_key, pairs)
+    return dict(pairs)
+
+
+def _typed_row(info: _TableInfo, table, partition_key: bytes, key, images: tuple) -> dict:
+    """``typed_row`` of images (not None) with the table's facts already looked up."""
     static_img, img = images
-    row = {}
-    pk_values = split_partition_key(table, partition_key)
-    for col, v in zip(table.partition_key, pk_values):
-        row[col.name] = _decode(col, v)
-    ck_values = decode_clustering(key) if key else ()
-    for i, col in enumerate(table.clustering):
-        v = ck_values[i] if key is not STATIC_KEY and i < len(ck_values) else None
-        row[col.name] = None if v is None else _decode(col, v)
-    for name, kind, ctype, is_counter, is_complex in _info(table).typed_columns:
+    row = _key_values(info, table, partition_key)
+    ck_cols = info.ck_cols
+    if ck_cols:
+        ck_values = decode_clustering(key) if key else ()
+        n = len(ck_values)
+        for i, (name, t) in enumerate(ck_cols):
+            v = ck_values[i] if i < n else None
+            row[name] = None if v is None else t.decode(v)
+    for name, kind, ctype, is_counter, is_complex in info.typed_columns:
         src = static_img if kind == "static" else img
         v = None if src is None else src.get(name)
         if v is None:
