@@ -3,9 +3,11 @@ claim -> Spark job -> Kafka -> archive, on the embedded servers (SeaweedFS, Tans
 
     .venv/bin/python benchmarks/bench_pipeline.py [--mutations 5000] [--max-segments 64] [--airflow]
 
-Prints events/s end to end, the share of each step (Spark start-up, the Spark job, publish, archive), a
-single-process profile of the Spark job's three phases (decode, reconcile, Delta write: the same functions the
-executors run, timed without Spark), and the latency from "segment uploaded" to "event in Kafka" (Kafka's
+Prints events/s end to end, the share of each step (Spark start-up, the Spark job, publish, archive), the
+Spark job's own stages (``merge_batch.LAST_TIMINGS`` summed over batches: where it ran, driver or Spark tasks,
+and parse / group / reconcile / outbox / state MERGE seconds; in-process runs only), a single-process
+profile of the Spark job's three phases (decode, reconcile, Delta write: the same functions the executors
+run, timed without Spark), and the latency from "segment uploaded" to "event in Kafka" (Kafka's
 record timestamp minus the time the agent finished uploading the segment the event came from).
 
 ``--airflow`` runs the pipeline through ``airflow dags test cassandra_cdc`` instead of calling the steps in
@@ -112,6 +114,8 @@ def main(argv=None) -> int:
         ship_s = time.perf_counter() - t_ship
 
         steps = {"spark_start": 0.0, "claim": 0.0, "spark_job": 0.0, "publish": 0.0, "archive": 0.0}
+        job_stages: dict = {}       # merge_batch.LAST_TIMINGS summed over batches (in-process runs)
+        modes: list = []
         t_run = time.perf_counter()
         if a.airflow:
             from cdc_lib.demo import airflow_db_migrate, airflow_env, dags_test
@@ -134,8 +138,15 @@ def main(argv=None) -> int:
                 if b.empty:
                     break
                 t0 = time.perf_counter()
+                from spark_jobs import merge_batch
+                merge_batch.LAST_TIMINGS.clear()
                 b = P.transform(cfg, b)
                 steps["spark_job"] += time.perf_counter() - t0
+                for k, v in merge_batch.LAST_TIMINGS.items():
+                    if k == "mode":
+                        modes.append(v)
+                    else:
+                        job_stages[k] = job_stages.get(k, 0.0) + v
                 t0 = time.perf_counter()
                 b = P.publish(cfg, b)
                 steps["publish"] += time.perf_counter() - t0
@@ -172,6 +183,14 @@ def main(argv=None) -> int:
     print("step shares:")
     for k, v in steps.items():
         print(f"  {k:12s} {v:8.2f} s  {100 * v / total:5.1f} %")
+    if job_stages:
+        print(f"Spark job stages (run_batch, summed over batches; ran in: "
+              f"{', '.join(f'{m} x{modes.count(m)}' for m in sorted(set(modes)))}):")
+        jtotal = job_stages.get("total", 0.0)
+        for k, v in job_stages.items():
+            if k != "total":
+                print(f"  {k:16s} {v:8.2f} s  {100 * v / jtotal if jtotal else 0:5.1f} %")
+        print(f"  {'total':16s} {jtotal:8.2f} s (run_batch; the rest of spark_job is staging and bookkeeping)")
     ptotal = sum(profile.values())
     print("Spark job phases, single-process profile of the same functions (no Spark):")
     for k, v in profile.items():

@@ -70,7 +70,12 @@ def _sorted_state(root, t):
                          ("_cdc_row_kind", "ascending"), ("_cdc_clustering", "ascending")]).to_pylist()
 
 
-def test_spark_batches_equal_the_core_and_the_model(spark, cluster, tmp_path):
+@pytest.mark.parametrize("mode", ["driver", "tasks"])
+def test_spark_batches_equal_the_core_and_the_model(spark, cluster, tmp_path, mode):
+    """Both paths of the job: small local batches in the driver process, and Spark tasks (forced here by
+    turning the driver shortcut off), give the same outbox and state as the core and the model."""
+    import spark_jobs.merge_batch as mb
+    spark.conf.set(mb.DRIVER_BATCH_CONF, str(mb.DRIVER_BATCH_MAX_BYTES if mode == "driver" else 0))
     schema, cw, batches = cluster
     nows = [NOW0 + 30, NOW0 + 120]
     root = tmp_path / "spark"
@@ -79,6 +84,7 @@ def test_spark_batches_equal_the_core_and_the_model(spark, cluster, tmp_path):
         results.append(run_batch(spark, paths, root=str(root), schema=schema, batch_id=f"b{i}", batch_seq=i + 1,
                                  now=nows[i], prev_now=nows[i - 1] if i else None, cluster="c1"))
     assert results[0].events > 0 and results[0].outbox_written and results[0].tables
+    assert mb.LAST_TIMINGS["mode"] == ("driver" if mode == "driver" else "spark")
 
     # damaged entries of the torn copy are in quarantine, with why
     assert results[1].damaged, "the torn segment must produce damage"
@@ -184,6 +190,7 @@ def test_spark_submit(cluster, tmp_path):
     env["PYSPARK_PYTHON"] = sys.executable
     submit = shutil.which("spark-submit", path=str(Path(sys.executable).parent)) or "spark-submit"
     cmd = [submit, "--master", "local[2]", "--conf", "spark.ui.enabled=false",
+           "--conf", "spark.cdc.driverBatchMaxBytes=0",         # the distributed path, not the driver shortcut
            "--conf", "spark.sql.shuffle.partitions=4", str(REPO / "spark_jobs" / "merge_batch.py"),
            "--segments", *batches[0], "--root", str(root), "--schema-file", str(schema_file),
            "--batch-id", "b0", "--batch-seq", "1", "--now", str(NOW0 + 30), "--cluster", "c1"]
