@@ -17,7 +17,7 @@ import uuid
 from . import wire
 from .errors import CdcError, FormatError, MutationError, SchemaError, TruncatedError
 from .model import (
-    LIVE, NO_DELETION_TIME, NO_DELETION_TIME_UINT, NO_TIMESTAMP, NO_TTL, BoundKind, Cell, DeletionTime,
+    NO_DELETION_TIME, NO_DELETION_TIME_UINT, NO_TIMESTAMP, NO_TTL, BoundKind, Cell, DeletionTime,
     EncodingStats, LivenessInfo, Mutation, PartitionUpdate, RangeTombstoneMarker, Row,
 )
 

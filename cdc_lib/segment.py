@@ -189,6 +189,7 @@ class SegmentReader:
 
     # -- sections ----------------------------------------------------------------------------------------
     def _read(self, buf) -> Iterator[Record]:
+        self._ended = False
         try:
             header = read_header(buf, self.name)
         except SegmentError as e:
@@ -288,7 +289,7 @@ class SegmentReader:
             pos = nxt
             logical = section_logical + ulen
 
-    _ended = False
+    _ended = False          # set by _entries at a legacy end-of-segment marker (entry size 0)
 
     def _entries(self, buf, begin: int, end: int, logical_begin: int) -> Iterator[Record]:
         """Entries in ``buf[begin:end]``; ``logical_begin`` is the logical offset of ``begin``."""

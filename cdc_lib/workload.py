@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from . import cqltypes
 from .model import (
-    LIVE, NO_TIMESTAMP, BoundKind, Cell, DeletionTime, LivenessInfo, Mutation, PartitionUpdate,
+    BoundKind, Cell, DeletionTime, LivenessInfo, Mutation, PartitionUpdate,
     RangeTombstoneMarker, Row,
 )
 from .mutation import encode_mutation, finish_update

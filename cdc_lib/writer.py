@@ -156,9 +156,7 @@ class SegmentWriter:
             size = self._f.tell()
             if size < self.segment_size:
                 self._f.truncate(self.segment_size)     # zero tail, as a memory-mapped segment has
-        elif self._plain:
-            # Without preallocation keep the zero marker slot after the last section (a clean end).
-            pass
+        # (without preallocation a plain file ends with the zero marker slot after its last section)
         self._f.close()
         self.closed = True
         return self.path

@@ -18,7 +18,7 @@ from cdc_lib.model import DeletionTime, Mutation
 from cdc_lib.mutation import decode_mutation, encode_mutation
 from cdc_lib.murmur3 import token, token_reference
 from cdc_lib.schema import CLUSTERING, PARTITION_KEY, REGULAR, STATIC, ColumnMetadata, Schema, TableMetadata
-from cdc_lib.segment import Damage, LogEntry, SegmentReader
+from cdc_lib.segment import Damage, SegmentReader
 from cdc_lib.workload import Workload, sample_schema, write_cluster_segments
 
 

@@ -1,8 +1,6 @@
 """The segment container on real Cassandra files: header, sections, CRCs, compression, damage, positions."""
 import glob
 import os
-import shutil
-import zlib
 
 import pytest
 
