@@ -29,6 +29,7 @@ in file order so that (segment, position, entry_index, seq) orders the log exact
 from __future__ import annotations
 
 import gc
+import uuid
 
 import pyarrow as pa
 
@@ -268,14 +269,6 @@ SYSTEM_KEYSPACES = frozenset({"system", "system_schema", "system_auth", "system_
                               "system_views", "system_virtual_schema", "system_cluster_metadata"})
 
 
-def first_table_id(data: bytes):
-    """The table id of a mutation's first partition update (all updates of a mutation share a keyspace)."""
-    import uuid
-    from .wire import read_uvint
-    _, p = read_uvint(data, 0)
-    return uuid.UUID(bytes=bytes(data[p:p + 16])) if len(data) >= p + 16 else None
-
-
 def read_cell_log(paths, schema=None, *, schema_from_log: bool = False, keys=None, batch_rows: int = 65536,
                   on_damage=None, start=None, stop=None, strict: bool = False, stats: dict | None = None):
     """Arrow batches (CELL_LOG_SCHEMA) of the user-table cells of ``paths``, in file order.
@@ -337,7 +330,7 @@ def _read_cell_log(paths, src, fast, keys, start, stop, strict, on_damage, count
             try:
                 table = tables_by_raw_id[raw_id]
             except KeyError:
-                tid = first_table_id(data)
+                tid = uuid.UUID(bytes=bytes(raw_id)) if len(raw_id) == 16 else None
                 table = tables_by_raw_id[raw_id] = current.get(tid) if tid is not None else None
             if table is not None and table.keyspace in SYSTEM_KEYSPACES:
                 counters["system_entries"] += 1

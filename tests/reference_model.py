@@ -192,3 +192,15 @@ def _split_key(table, key):
         out.append(key[i + 2:i + 2 + n])
         i += 3 + n
     return out
+
+
+def json_table(table, rows: dict) -> dict:
+    """A model table in the events' JSON forms: {key JSON: row JSON}, the shape replayed events are compared in."""
+    import json
+
+    from cdc_lib.avro import to_json_key, to_json_row
+    out = {}
+    for row in rows.values():
+        key = {c.name: row[c.name] for c in table.partition_key + table.clustering}
+        out[json.dumps(to_json_key(table, key), separators=(",", ":"), ensure_ascii=False)] = to_json_row(table, row)
+    return out

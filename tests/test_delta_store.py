@@ -17,7 +17,6 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from cdc_lib import cqltypes
-from cdc_lib.avro import to_json_key, to_json_row
 from cdc_lib.celllog import decode_clustering, mutation_records, records_to_batch
 from cdc_lib.delta_store import (DeltaRsStateStore, arrow_type, read_outbox, read_state, run_store_batch,
                                  state_arrow_schema, to_arrow_value, visible_rows_query, visible_table)
@@ -26,6 +25,7 @@ from cdc_lib.mutation import finish_update
 from cdc_lib.schema import REGULAR, ColumnMetadata, DroppedColumn
 from cdc_lib.workload import START_US, Workload, sample_schema
 
+from reference_model import json_table
 from reference_model import visible_table as model_table
 
 NOW0 = START_US // 1_000_000
@@ -94,14 +94,6 @@ def _replay_outbox(root, n_batches):
     return out
 
 
-def _as_json_table(table, rows: dict) -> dict:
-    out = {}
-    for row in rows.values():
-        key = {c.name: row[c.name] for c in table.partition_key + table.clustering}
-        out[json.dumps(to_json_key(table, key), separators=(",", ":"), ensure_ascii=False)] = to_json_row(table, row)
-    return out
-
-
 @settings(max_examples=6, deadline=None)
 @given(st.integers(0, 2 ** 32))
 def test_state_matches_model_and_outbox_replays(tmp_path_factory, seed):
@@ -124,7 +116,7 @@ def test_state_matches_model_and_outbox_replays(tmp_path_factory, seed):
     assert last_now == nows[-1]
     replayed = _replay_outbox(root, len(batches))
     for t in SCHEMA.tables.values():
-        assert replayed.get((t.keyspace, t.name), {}) == _as_json_table(t, model_table(t, seen, last_now)), t.name
+        assert replayed.get((t.keyspace, t.name), {}) == json_table(t, model_table(t, seen, last_now)), t.name
 
 
 def test_sweep_reaches_partitions_without_new_writes(tmp_path):

@@ -14,12 +14,12 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from cdc_lib import pipeline as P
 from cdc_lib.agent import Agent, AgentConfig
-from cdc_lib.avro import to_json_key, to_json_row
 from cdc_lib.demo import airflow_db_migrate, airflow_env, dags_test
 from cdc_lib.publish import table_topic
 from cdc_lib.storage import Layout
 from cdc_lib.workload import SAMPLE_SCHEMA_CQL, Workload, sample_schema, write_cluster_segments
 
+from reference_model import json_table
 from reference_model import visible_table as model_table
 
 
@@ -38,14 +38,6 @@ def _consume(bootstrap: str, topic: str) -> list:
             out.append((dict(m.headers())["cdc-event-id"].decode(), m.key().decode(), json.loads(m.value())))
     finally:
         c.close()
-
-
-def _model_json(table, rows: dict) -> dict:
-    out = {}
-    for row in rows.values():
-        key = {c.name: row[c.name] for c in table.partition_key + table.clustering}
-        out[json.dumps(to_json_key(table, key), separators=(",", ":"), ensure_ascii=False)] = to_json_row(table, row)
-    return out
 
 
 def test_segments_to_kafka_through_the_real_dag(tmp_path, s3_server, s3_bucket, kafka_broker):
@@ -97,6 +89,6 @@ def test_segments_to_kafka_through_the_real_dag(tmp_path, s3_server, s3_bucket, 
                 replayed.pop(key, None)
             else:
                 replayed[key] = event["after"]
-        assert replayed == _model_json(t, model_table(t, cw.mutations, now)), t.name
+        assert replayed == json_table(t, model_table(t, cw.mutations, now)), t.name
         total += len(records)
     assert total == metrics["publish.events"]
