@@ -7,7 +7,7 @@ every CQL type, collections, statics, TTLs, every deletion kind), then measures 
 
 * floor:      read the segment files and compute the CRC of every entry (what any reader must do);
 * container:  our segment reader alone (markers, entry framing, both CRCs per entry);
-* reference:  container + ``mutation.decode_mutation`` (typed mutations, the reference decoder), and the same
+* reference:  container + ``commitlog.mutation.decode_mutation`` (typed mutations, the reference decoder), and the same
               turned into the Arrow cell log through ``celllog.mutation_records``;
 * cell log:   container + the fast path to Arrow (``celllog.read_cell_log``), what the Spark jobs run;
 
@@ -27,11 +27,11 @@ import zlib
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from cdc_lib import wire  # noqa: E402
-from cdc_lib.celllog import read_cell_log  # noqa: E402
-from cdc_lib.mutation import decode_mutation, encode_mutation  # noqa: E402
-from cdc_lib.segment import SegmentReader  # noqa: E402
-from cdc_lib.workload import Workload, sample_schema  # noqa: E402
-from cdc_lib.writer import SegmentFull, SegmentWriter  # noqa: E402
+from cdc_lib.celllog.reader import read_cell_log  # noqa: E402
+from cdc_lib.commitlog.mutation import decode_mutation, encode_mutation  # noqa: E402
+from cdc_lib.commitlog.segment import SegmentReader  # noqa: E402
+from cdc_lib.commitlog.writer import SegmentFull, SegmentWriter  # noqa: E402
+from cdc_lib.demo.workload import Workload, sample_schema  # noqa: E402
 
 SEGMENT = 32 * 1024 * 1024
 
@@ -112,7 +112,7 @@ def reference(paths, schema):
 
 def reference_cell_log(paths, schema):
     """The reference path to the same Arrow cell log: typed mutations, then records, then Arrow."""
-    from cdc_lib.celllog import mutation_records, records_to_batch
+    from cdc_lib.celllog.records import mutation_records, records_to_batch
     t = time.perf_counter()
     nbytes = rows = 0
     for p in paths:

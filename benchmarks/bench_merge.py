@@ -3,12 +3,12 @@
     .venv/bin/python benchmarks/bench_merge.py --state-rows 10000000 --changes 1000000
 
 Table ``bench.kv (id bigint PRIMARY KEY, v text, n int)``. The state table (typed columns plus the ``_cdc_*``
-metadata, exactly as ``delta_store`` writes it) is generated vectorised with Arrow (checked against
-``delta_store.partition_rows`` on a sample), so building it is not what is measured. A change is
+metadata, exactly as ``cdc_lib.sinks.delta`` writes it) is generated vectorised with Arrow (checked against
+``sinks.delta.partition_rows`` on a sample), so building it is not what is measured. A change is
 ``UPDATE kv SET v = ?, n = ? WHERE id = ?`` (two cell-log records) on distinct ids, ``--new-fraction`` of them
 new. Measured, in one run:
 
-* **cdc merge**: the whole batch as the pipeline runs it (``delta_store.run_store_batch``): read the prior
+* **cdc merge**: the whole batch as the pipeline runs it (``sinks.delta.run_store_batch``): read the prior
   state of the touched partitions from Delta, reconcile, build events, append the outbox, MERGE the state.
   Phases are timed separately.
 * **plain upsert**: ``DeltaTable.merge`` of the same number of ``(id, v, n)`` rows into a plain table of the
@@ -34,12 +34,12 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cdc_lib import delta_store  # noqa: E402
-from cdc_lib.celllog import CELL_LOG_SCHEMA  # noqa: E402
-from cdc_lib.model import NO_DELETION_TIME  # noqa: E402
-from cdc_lib.murmur3 import token as murmur3_token  # noqa: E402
-from cdc_lib.schema import Schema  # noqa: E402
-from cdc_lib.schema_cql import load_cql_schema  # noqa: E402
+from cdc_lib.celllog.schema import CELL_LOG_SCHEMA  # noqa: E402
+from cdc_lib.commitlog.model import NO_DELETION_TIME  # noqa: E402
+from cdc_lib.cql.schema import Schema  # noqa: E402
+from cdc_lib.cql.schema_from_ddl import load_cql_schema  # noqa: E402
+from cdc_lib.cql.tokens import token as murmur3_token  # noqa: E402
+from cdc_lib.sinks import delta as delta_store  # noqa: E402
 
 CQL = """
 CREATE KEYSPACE bench WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 3};
@@ -104,7 +104,7 @@ def state_chunk(table, ids: np.ndarray, ts: int) -> pa.Table:
 
 def check_generator(table) -> None:
     """The vectorised rows equal what delta_store writes for the same partitions."""
-    from cdc_lib.state import apply_records
+    from cdc_lib.state.reconcile import apply_records
     ids = np.array([1, 2, 77, 123456789], dtype=np.int64)
     got = state_chunk(table, ids, TS0).to_pylist()
     recs = change_records(table, ids, TS0, "v", np.asarray(ids % 1000, dtype=np.int32)).to_pylist()

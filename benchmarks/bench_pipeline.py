@@ -29,16 +29,17 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from cdc_lib import pipeline as P  # noqa: E402
-from cdc_lib.agent import Agent, AgentConfig  # noqa: E402
-from cdc_lib.embedded import run_kafka_broker, run_s3_server  # noqa: E402
-from cdc_lib.workload import SAMPLE_SCHEMA_CQL, Workload, sample_schema, write_cluster_segments  # noqa: E402
+from cdc_lib.agent.shipper import Agent
+from cdc_lib.demo.servers import run_kafka_broker, run_s3_server  # noqa: E402
+from cdc_lib.demo.workload import SAMPLE_SCHEMA_CQL, Workload, sample_schema, write_cluster_segments  # noqa: E402
+from cdc_lib.settings import AgentConfig  # noqa: E402
 
 
 def _profile_phases(paths: list, schema, now: int, work: Path) -> dict:
     """Decode, reconcile and Delta write of the same segments in one process (no Spark)."""
-    from cdc_lib.batch import process_cell_log
-    from cdc_lib.celllog import read_cell_log
-    from cdc_lib.delta_store import DeltaRsStateStore, run_store_batch
+    from cdc_lib.celllog.reader import read_cell_log
+    from cdc_lib.sinks.delta import DeltaRsStateStore, run_store_batch
+    from cdc_lib.state.batch import process_cell_log
     t0 = time.perf_counter()
     cells = list(read_cell_log(paths, schema, on_damage=lambda d: None))
     t1 = time.perf_counter()
@@ -118,7 +119,7 @@ def main(argv=None) -> int:
         modes: list = []
         t_run = time.perf_counter()
         if a.airflow:
-            from cdc_lib.demo import airflow_db_migrate, airflow_env, dags_test
+            from cdc_lib.demo.run import airflow_db_migrate, airflow_env, dags_test
             home = work / "airflow"
             home.mkdir()
             env = airflow_env(home, kafka_bootstrap=broker.bootstrap, s3=s3)

@@ -94,3 +94,18 @@ class UnknownColumnError(SchemaError, MutationError):
         self.table = table
         self.column = column
         MutationError.__init__(self, f"unknown column {column!r} in {table}", source, position)
+
+
+class StorageError(CdcError):
+    """An object store operation failed or found something it cannot accept."""
+
+
+class ObjectNotFound(StorageError, KeyError):
+    """The key names no object."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else "object not found"
+
+
+class VerificationError(StorageError):
+    """An object does not have the size or checksum it was written with."""

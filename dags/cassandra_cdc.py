@@ -18,7 +18,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:          # cdc_lib / spark_jobs from the repository when not pip-installed
     sys.path.insert(0, str(REPO))
 
-from cdc_lib.pipeline import airflow_params, config_from_airflow_context as _config  # noqa: E402
+from cdc_lib.pipeline.airflow import airflow_params  # noqa: E402
+from cdc_lib.pipeline.airflow import config_from_airflow_context as _config
 
 SCHEDULE = os.environ.get("CASSANDRA_CDC_SCHEDULE", "* * * * *")
 
@@ -39,7 +40,7 @@ def cassandra_cdc():
     def claim() -> dict:
         from airflow.sdk import get_current_context
 
-        from cdc_lib.pipeline import claim as claim_step
+        from cdc_lib.pipeline.steps import claim as claim_step
         batch = claim_step(_config(), get_current_context()["run_id"])
         if batch.empty:
             print("nothing to do: no new segments")
@@ -48,17 +49,17 @@ def cassandra_cdc():
 
     @task
     def transform(batch: dict) -> dict:
-        from cdc_lib.pipeline import transform as transform_step
+        from cdc_lib.pipeline.steps import transform as transform_step
         return transform_step(_config(), batch).to_dict()
 
     @task
     def publish(batch: dict) -> dict:
-        from cdc_lib.pipeline import publish as publish_step
+        from cdc_lib.pipeline.steps import publish as publish_step
         return publish_step(_config(), batch).to_dict()
 
     @task
     def archive(batch: dict) -> dict:
-        from cdc_lib.pipeline import archive as archive_step
+        from cdc_lib.pipeline.steps import archive as archive_step
         done = archive_step(_config(), batch)
         print("batch summary:", done.steps)
         return done.to_dict()

@@ -18,7 +18,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from cdc_lib.pipeline import airflow_params, config_from_airflow_context as _config  # noqa: E402
+from cdc_lib.pipeline.airflow import airflow_params  # noqa: E402
+from cdc_lib.pipeline.airflow import config_from_airflow_context as _config
 
 
 @dag(
@@ -34,7 +35,7 @@ from cdc_lib.pipeline import airflow_params, config_from_airflow_context as _con
 def cassandra_cdc_backfill():
     @task
     def request_snapshot() -> dict:
-        from cdc_lib.pipeline import request_snapshot as request
+        from cdc_lib.pipeline.backfill import request_snapshot as request
         return request(_config())
 
     request_snapshot()

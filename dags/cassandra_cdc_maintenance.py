@@ -16,7 +16,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from cdc_lib.pipeline import airflow_params, config_from_airflow_context as _config  # noqa: E402
+from cdc_lib.pipeline.airflow import airflow_params  # noqa: E402
+from cdc_lib.pipeline.airflow import config_from_airflow_context as _config
 
 
 @dag(
@@ -32,14 +33,14 @@ from cdc_lib.pipeline import airflow_params, config_from_airflow_context as _con
 def cassandra_cdc_maintenance():
     @task
     def expiry_sweep() -> dict:
-        from cdc_lib.pipeline import request_sweep
+        from cdc_lib.pipeline.maintenance import request_sweep
         return request_sweep(_config())
 
     @task
     def delta_upkeep() -> dict:
         from airflow.sdk import get_current_context
 
-        from cdc_lib.pipeline import delta_upkeep as upkeep
+        from cdc_lib.pipeline.maintenance import delta_upkeep as upkeep
         hours = int(get_current_context()["params"].get("vacuum_retention_hours", 168))
         return upkeep(_config(), vacuum_retention_hours=hours)
 

@@ -3,7 +3,7 @@
 It shares no code with ``cdc_lib.state``: it reads ``cdc_lib.model`` mutations directly, collects every
 write, and for each read decides the winner with a plain sort key and applies every deletion by scanning the
 full list of tombstones. Values are typed with ``cdc_lib.cqltypes`` and clustering order comes from
-``CqlType.sort_key`` (not from ``state.compare_values``).
+``CqlType.sort_key`` (not from ``state.reconcile.compare_values``).
 
 ``visible_table(table, mutations, now)`` -> {(partition key bytes, clustering tuple | None): typed row}.
 Dropped columns and shadowable (materialized-view) deletions are outside this model.
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from cdc_lib.cqltypes import decode_counter_context
-from cdc_lib.model import EXPIRED_LIVENESS_TTL, BoundKind, RangeTombstoneMarker
+from cdc_lib.commitlog.model import EXPIRED_LIVENESS_TTL, BoundKind, RangeTombstoneMarker
+from cdc_lib.cql.types import decode_counter_context
 
 STATIC = "static"
 _NEG = -(1 << 63)
@@ -198,7 +198,7 @@ def json_table(table, rows: dict) -> dict:
     """A model table in the events' JSON forms: {key JSON: row JSON}, the shape replayed events are compared in."""
     import json
 
-    from cdc_lib.avro import to_json_key, to_json_row
+    from cdc_lib.sinks.avro import to_json_key, to_json_row
     out = {}
     for row in rows.values():
         key = {c.name: row[c.name] for c in table.partition_key + table.clustering}

@@ -25,10 +25,9 @@ from typing import Iterator
 
 import pytest
 
-from cdc_lib.embedded import (  # noqa: F401 - re-exported for tests that import them from here
-    KAFKA_GROUP_CONSUMER_CONFIG, LOOPBACK, KafkaBroker, S3Server, ServerProcess, ServerStartError, free_port,
-    run_kafka_broker, run_s3_server, tansu_binary, weed_binary,
-)
+from cdc_lib.demo.servers import (KAFKA_GROUP_CONSUMER_CONFIG, LOOPBACK, KafkaBroker, S3Server, ServerProcess,
+                                  ServerStartError, free_port, run_kafka_broker, run_s3_server, tansu_binary,
+                                  weed_binary)
 
 __all__ = [
     "ServerStartError", "ServerProcess", "KafkaBroker", "S3Server",

@@ -12,7 +12,7 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cdc_lib.cqltypes import CqlType, parse_type
+from cdc_lib.cql.types import CqlType, parse_type
 from cdc_lib.errors import FormatError
 from cdc_lib.wire import read_uvint, s32, s64
 

@@ -10,16 +10,19 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings, strategies as st
-
-from cdc_lib import config
-from cdc_lib.agent import (
-    Agent, AgentConfig, SpaceMonitor, agent_main, build_parser, default_cdc_total_space, load_agent_config,
-    read_idx, scan_cdc_raw, synced_file_end,
-)
-from cdc_lib.errors import ConfigError
-from cdc_lib.storage import Layout, ObjectStore, sha256_bytes
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_storage import _s3_store
+
+from cdc_lib import settings as config
+from cdc_lib.agent.cdc_raw import read_idx, scan_cdc_raw, synced_file_end
+from cdc_lib.agent.shipper import Agent
+from cdc_lib.agent.space import SpaceMonitor, default_cdc_total_space
+from cdc_lib.cli.agent import agent_main, build_parser, load_agent_config
+from cdc_lib.errors import ConfigError
+from cdc_lib.settings import AgentConfig
+from cdc_lib.storage.layout import Layout
+from cdc_lib.storage.objects import ObjectStore, sha256_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus"
@@ -587,7 +590,7 @@ def test_sigterm_stops_the_agent_cleanly(node, segment_bytes):
     env = {k: v for k, v in os.environ.items() if not k.startswith("CASSANDRA_CDC_")}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cdc_lib.agent", "--cdc-raw", str(node / "cdc_raw"), "--store-url",
+        [sys.executable, "-m", "cdc_lib.cli", "agent", "--cdc-raw", str(node / "cdc_raw"), "--store-url",
          str(node / "store"), "--cluster", "prod", "--node", "cass-1", "--state-dir", str(node / "state"),
          "--poll-interval", "0.2"],
         cwd=str(REPO), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

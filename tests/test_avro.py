@@ -12,13 +12,13 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from cdc_lib.avro import (EMPTY_FIELD, compatibility_problems, field_names, from_avro_envelope, from_avro_key,
-                          from_avro_row, from_json_event, from_json_key, from_json_row, schema_change_schema,
-                          table_schema_dicts, table_schemas, to_avro_envelope, to_avro_key, to_avro_row,
-                          to_json_event, to_json_row, value_from_json)
-from cdc_lib.cqltypes import EMPTY, CqlDate, CqlTime, CqlTimestamp, Duration
+from cdc_lib.cql.schema_from_ddl import load_cql_schema
+from cdc_lib.cql.types import EMPTY, CqlDate, CqlTime, CqlTimestamp, Duration
 from cdc_lib.errors import CqlValueError
-from cdc_lib.schema_cql import load_cql_schema
+from cdc_lib.sinks.avro import (EMPTY_FIELD, compatibility_problems, field_names, from_avro_envelope, from_avro_key,
+                                from_avro_row, from_json_event, from_json_key, from_json_row, schema_change_schema,
+                                table_schema_dicts, table_schemas, to_avro_envelope, to_avro_key, to_avro_row,
+                                to_json_event, to_json_row, value_from_json)
 
 EVERY_TYPE_CQL = """
 CREATE KEYSPACE ks WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 1};
@@ -308,9 +308,9 @@ def test_schema_change_schema():
 
 
 def test_events_from_the_event_builder_round_trip_including_a_static_only_row():
-    from cdc_lib.celllog import encode_clustering
-    from cdc_lib.events import apply_batch
-    from cdc_lib.model import NO_DELETION_TIME
+    from cdc_lib.celllog.schema import encode_clustering
+    from cdc_lib.commitlog.model import NO_DELETION_TIME
+    from cdc_lib.state.events import apply_batch
     table = _table("pk int, ck int, v int, tags set<int>, st int static, PRIMARY KEY (pk, ck)")
     INT = table.columns["pk"].type
     n = [0]
@@ -367,8 +367,9 @@ def test_every_cql_type_round_trips_through_json(every, data):
 
 
 def test_json_special_values():
-    from cdc_lib.cqltypes import parse_type
     import math
+
+    from cdc_lib.cql.types import parse_type
     assert math.isnan(value_from_json(parse_type("double"), "NaN"))
     assert value_from_json(parse_type("float"), "-Infinity") == float("-inf")
     assert value_from_json(parse_type("date"), "-5877641-06-23") == CqlDate(-(1 << 31))

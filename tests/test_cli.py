@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cdc_lib.workload import SAMPLE_SCHEMA_CQL, sample_schema, write_cluster_segments
+from cdc_lib.demo.workload import SAMPLE_SCHEMA_CQL, sample_schema, write_cluster_segments
 
 REPO = Path(__file__).resolve().parents[1]
 CONSOLE = REPO / ".venv" / "bin" / "cassandra-cdc"

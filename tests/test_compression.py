@@ -22,14 +22,8 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdc_lib.compression import (
-    DeflateCompressor,
-    LZ4Compressor,
-    NoopCompressor,
-    SnappyCompressor,
-    ZstdCompressor,
-    compressor_for,
-)
+from cdc_lib.commitlog.compression import (DeflateCompressor, LZ4Compressor, NoopCompressor, SnappyCompressor,
+                                           ZstdCompressor, compressor_for)
 from cdc_lib.errors import CompressionError, ConfigError
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "commitlog"

@@ -15,10 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cdc_lib import cqltypes as ct
-from cdc_lib.cqltypes import (EMPTY, CounterShard, CounterValue, CqlDate, CqlMap, CqlPairs, CqlSet, CqlTime,
-                              CqlTimestamp, CqlType, Duration, UdtValue, composite_decode, composite_encode,
-                              counter_total, decode_counter_context, encode_counter_context, parse_type, udt_type)
+from cdc_lib.cql import types as ct
+from cdc_lib.cql.types import (EMPTY, CounterShard, CounterValue, CqlDate, CqlMap, CqlPairs, CqlSet, CqlTime,
+                               CqlTimestamp, CqlType, Duration, UdtValue, composite_decode, composite_encode,
+                               counter_total, decode_counter_context, encode_counter_context, parse_type, udt_type)
 from cdc_lib.errors import CqlValueError, SchemaError
 
 UTC = datetime.timezone.utc

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from cdc_lib.pipeline import PipelineConfig, config_from_params, default_params
+from cdc_lib.pipeline.airflow import config_from_params, default_params
+from cdc_lib.settings import PipelineConfig
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -14,19 +14,20 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from hypothesis import given, settings, strategies as st
-
-from cdc_lib import cqltypes
-from cdc_lib.celllog import decode_clustering, mutation_records, records_to_batch
-from cdc_lib.delta_store import (DeltaRsStateStore, arrow_type, read_outbox, read_state, run_store_batch,
-                                 state_arrow_schema, to_arrow_value, visible_rows_query, visible_table)
-from cdc_lib.model import Cell, LivenessInfo, Mutation, PartitionUpdate, Row
-from cdc_lib.mutation import finish_update
-from cdc_lib.schema import REGULAR, ColumnMetadata, DroppedColumn
-from cdc_lib.workload import START_US, Workload, sample_schema
-
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from reference_model import json_table
 from reference_model import visible_table as model_table
+
+from cdc_lib.celllog.records import mutation_records, records_to_batch
+from cdc_lib.celllog.schema import decode_clustering
+from cdc_lib.commitlog.model import Cell, LivenessInfo, Mutation, PartitionUpdate, Row
+from cdc_lib.commitlog.mutation import finish_update
+from cdc_lib.cql import types as cqltypes
+from cdc_lib.cql.schema import REGULAR, ColumnMetadata, DroppedColumn
+from cdc_lib.demo.workload import START_US, Workload, sample_schema
+from cdc_lib.sinks.delta import (DeltaRsStateStore, arrow_type, read_outbox, read_state, run_store_batch,
+                                 state_arrow_schema, to_arrow_value, visible_rows_query, visible_table)
 
 NOW0 = START_US // 1_000_000
 SCHEMA = sample_schema()
@@ -258,7 +259,8 @@ def test_duckdb_and_polars_see_the_cql_table(tmp_path):
     table = SCHEMA.by_name("shop", "orders")
     expected = model_table(table, seen, last_now)
     from deltalake import DeltaTable
-    from cdc_lib.delta_store import state_table_uri
+
+    from cdc_lib.sinks.delta import state_table_uri
     uri = state_table_uri(str(tmp_path), "shop", "orders")
     state = DeltaTable(uri).to_pyarrow_dataset()   # noqa: F841 - the relation DuckDB's SQL names
     got = duckdb.sql(visible_rows_query(table, "state")).arrow()

@@ -11,16 +11,16 @@ import json
 import uuid
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
-
-from cdc_lib import pipeline as P
-from cdc_lib.agent import Agent, AgentConfig
-from cdc_lib.demo import airflow_db_migrate, airflow_env, dags_test
-from cdc_lib.publish import table_topic
-from cdc_lib.storage import Layout
-from cdc_lib.workload import SAMPLE_SCHEMA_CQL, Workload, sample_schema, write_cluster_segments
-
 from reference_model import json_table
 from reference_model import visible_table as model_table
+
+from cdc_lib import pipeline as P
+from cdc_lib.agent.shipper import Agent
+from cdc_lib.demo.run import airflow_db_migrate, airflow_env, dags_test
+from cdc_lib.demo.workload import SAMPLE_SCHEMA_CQL, Workload, sample_schema, write_cluster_segments
+from cdc_lib.settings import AgentConfig
+from cdc_lib.sinks.kafka import table_topic
+from cdc_lib.storage.layout import Layout
 
 
 def _consume(bootstrap: str, topic: str) -> list:

@@ -18,15 +18,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdc_lib.compression import LZ4Compressor
-from cdc_lib.encryption import (
-    SUPPORTED_CIPHER,
-    EncryptionKeys,
-    decrypt_section,
-    encrypt_section,
-    is_encrypted,
-    new_encryption_params,
-)
+from cdc_lib.commitlog.compression import LZ4Compressor
+from cdc_lib.commitlog.encryption import (SUPPORTED_CIPHER, EncryptionKeys, decrypt_section, encrypt_section,
+                                          is_encrypted, new_encryption_params)
 from cdc_lib.errors import ConfigError, EncryptionError
 
 STOREPASS = "cassandra"

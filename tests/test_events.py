@@ -6,11 +6,11 @@ import uuid
 
 import pytest
 
-from cdc_lib import cqltypes
-from cdc_lib.celllog import encode_clustering
-from cdc_lib.events import apply_batch, expiry_sweep, process
-from cdc_lib.model import NO_DELETION_TIME
-from cdc_lib.schema import CLUSTERING, PARTITION_KEY, REGULAR, STATIC, ColumnMetadata, TableMetadata
+from cdc_lib.celllog.schema import encode_clustering
+from cdc_lib.commitlog.model import NO_DELETION_TIME
+from cdc_lib.cql import types as cqltypes
+from cdc_lib.cql.schema import CLUSTERING, PARTITION_KEY, REGULAR, STATIC, ColumnMetadata, TableMetadata
+from cdc_lib.state.events import apply_batch, expiry_sweep, process
 
 T = cqltypes.parse_type
 INT = T("int")
@@ -185,7 +185,7 @@ def test_event_ids_are_deterministic_and_distinct():
 
 
 def test_snapshot_emits_read_events_for_the_current_table():
-    from cdc_lib.events import snapshot_events
+    from cdc_lib.state.events import snapshot_events
     states = {}
     apply_batch(TABLE, states, insert(10, 1, 1) + insert(10, 2, 2) + [rec("row_deletion", 11, 2, ldt=NOW)], NOW)
     events = snapshot_events(TABLE, states, NOW)
@@ -193,7 +193,7 @@ def test_snapshot_emits_read_events_for_the_current_table():
 
 
 def test_a_record_of_another_table_is_refused():
-    from cdc_lib.state import StateError
+    from cdc_lib.state.reconcile import StateError
     r = dict(rec("cell", 1, 1, "v", INT.encode(1)), table_id=str(uuid.UUID(int=8)))
     with pytest.raises(StateError):
         apply_batch(TABLE, {}, [r], NOW)
@@ -213,7 +213,7 @@ def _java_hash(values) -> int:
 @pytest.mark.parametrize("version", ["4.0.11", "3.0.29"])
 def test_real_commit_log_becomes_one_create_per_row_with_exact_values(corpus, version):
     """Cassandra's own segments, each fed three times (three replicas) in several batches."""
-    from cdc_lib.celllog import read_cell_log
+    from cdc_lib.celllog.reader import read_cell_log
     seg = corpus / "commitlog" / version
     truth = dict(line.split("=", 1) for line in (seg / "hash.txt").read_text().splitlines()
                  if "=" in line and not line.startswith("#"))
@@ -235,8 +235,8 @@ def test_real_commit_log_becomes_one_create_per_row_with_exact_values(corpus, ve
 
 def _table_from_log(seg, cfid):
     """The table's metadata as the log's own system_schema mutations describe it."""
-    from cdc_lib.commitlog import read_mutations
-    from cdc_lib.model import Mutation
+    from cdc_lib.commitlog.model import Mutation
+    from cdc_lib.commitlog.reader import read_mutations
     for m in read_mutations(sorted(seg.glob("CommitLog-*.log")), schema_from_log=True):
         if isinstance(m, Mutation):
             for u in m.updates:

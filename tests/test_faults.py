@@ -10,6 +10,7 @@ rest of the batch is published, and the counters say so.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -20,14 +21,14 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, TopicPartition
+from servers import run_kafka_broker, run_s3_server
 
 from cdc_lib import pipeline as P
-from cdc_lib.agent import Agent, AgentConfig
-from cdc_lib.delta_store import read_outbox
-from cdc_lib.storage import Layout
-from cdc_lib.workload import SAMPLE_SCHEMA_CQL, START_US, Workload, sample_schema, write_cluster_segments
-
-from servers import run_kafka_broker, run_s3_server
+from cdc_lib.agent.shipper import Agent
+from cdc_lib.demo.workload import SAMPLE_SCHEMA_CQL, START_US, Workload, sample_schema, write_cluster_segments
+from cdc_lib.settings import AgentConfig
+from cdc_lib.sinks.delta import read_outbox
+from cdc_lib.storage.layout import Layout
 
 REPO = Path(__file__).resolve().parents[1]
 NOW = START_US // 1_000_000 + 3600
@@ -40,7 +41,7 @@ class Crash(Exception):
 @pytest.fixture(scope="module")
 def spark():
     pytest.importorskip("pyspark")
-    from spark_jobs.merge_batch import local_session
+    from cdc_lib.spark.session import local_session
     s = local_session()
     yield s
     s.stop()
@@ -95,7 +96,7 @@ def _consume(bootstrap: str, prefix: str) -> dict:
 
 def _outbox_by_topic(cfg: P.PipelineConfig) -> dict:
     """{topic: [event ids]} in publish order over every batch the ledger knows, in batch order."""
-    from cdc_lib.publish import table_topic
+    from cdc_lib.sinks.kafka import table_topic
     store = P.open_store(cfg)
     out: dict = {}
     for key in store.list("ledger/batches/"):
@@ -215,7 +216,7 @@ def test_process_killed_while_producing_then_rerun(spark, segments, tmp_path, s3
     _ship(_fresh_raw(segments, tmp_path), cfg, tmp_path / "agent")
     batch = P.transform(cfg, P.claim(cfg), spark=spark)
     assert batch.steps["transform"]["events"] > 20
-    cfg_json = json.dumps({**P.dataclasses.asdict(cfg)})
+    cfg_json = json.dumps({**dataclasses.asdict(cfg)})
     proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT.format(repo=str(REPO)), cfg_json,
                            json.dumps(batch.to_dict()), "15"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 9, proc.stderr[-2000:]

@@ -10,15 +10,16 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from cdc_lib.celllog import decode_clustering, read_cell_log
-from cdc_lib.delta_store import DeltaRsStateStore, read_outbox, read_state, run_store_batch, visible_table
-from cdc_lib.workload import SAMPLE_SCHEMA_CQL, START_US, sample_schema, write_cluster_segments
-
 from reference_model import visible_table as model_table
 
+from cdc_lib.celllog.reader import read_cell_log
+from cdc_lib.celllog.schema import decode_clustering
+from cdc_lib.demo.workload import SAMPLE_SCHEMA_CQL, START_US, sample_schema, write_cluster_segments
+from cdc_lib.sinks.delta import DeltaRsStateStore, read_outbox, read_state, run_store_batch, visible_table
+
 pytest.importorskip("pyspark")
-from spark_jobs.merge_batch import local_session, run_batch  # noqa: E402
+from cdc_lib.spark.merge_job import run_batch  # noqa: E402
+from cdc_lib.spark.session import local_session  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 NOW0 = START_US // 1_000_000
@@ -74,7 +75,7 @@ def _sorted_state(root, t):
 def test_spark_batches_equal_the_core_and_the_model(spark, cluster, tmp_path, mode):
     """Both paths of the job: small local batches in the driver process, and Spark tasks (forced here by
     turning the driver shortcut off), give the same outbox and state as the core and the model."""
-    import spark_jobs.merge_batch as mb
+    from cdc_lib.spark import merge_job as mb
     spark.conf.set(mb.DRIVER_BATCH_CONF, str(mb.DRIVER_BATCH_MAX_BYTES if mode == "driver" else 0))
     schema, cw, batches = cluster
     nows = [NOW0 + 30, NOW0 + 120]
@@ -135,10 +136,11 @@ def test_spark_batches_equal_the_core_and_the_model(spark, cluster, tmp_path, mo
 def _ttl_segment(directory, schema, at_s):
     """A segment holding one INSERT into shop.sessions with a 60 s TTL, written at ``at_s``."""
     import ipaddress
-    from cdc_lib import cqltypes
-    from cdc_lib.model import Cell, LivenessInfo, Mutation, PartitionUpdate, Row
-    from cdc_lib.mutation import encode_mutation, finish_update
-    from cdc_lib.writer import SegmentWriter
+
+    from cdc_lib.commitlog.model import Cell, LivenessInfo, Mutation, PartitionUpdate, Row
+    from cdc_lib.commitlog.mutation import encode_mutation, finish_update
+    from cdc_lib.commitlog.writer import SegmentWriter
+    from cdc_lib.cql import types as cqltypes
     table = schema.by_name("shop", "sessions")
     key = cqltypes.composite_encode([c.type for c in table.partition_key], [424242, "watch"])
     ts = at_s * 1_000_000

@@ -10,10 +10,12 @@ from collections import namedtuple
 import pytest
 
 from cdc_lib import pipeline as P
-from cdc_lib.celllog import mutation_records, records_to_batch
-from cdc_lib.delta_store import DeltaRsStateStore, read_outbox, run_store_batch
-from cdc_lib.storage import Layout, ObjectStore, sha256_bytes
-from cdc_lib.workload import SAMPLE_SCHEMA_CQL, START_US, Workload, sample_schema
+from cdc_lib.celllog.records import mutation_records, records_to_batch
+from cdc_lib.demo.workload import SAMPLE_SCHEMA_CQL, START_US, Workload, sample_schema
+from cdc_lib.errors import ConfigError
+from cdc_lib.sinks.delta import DeltaRsStateStore, read_outbox, run_store_batch
+from cdc_lib.storage.layout import Layout
+from cdc_lib.storage.objects import ObjectStore, sha256_bytes
 
 NOW = START_US // 1_000_000 + 10
 
@@ -107,7 +109,7 @@ def test_archive_refuses_until_published(cfg):
     with pytest.raises(P.PipelineError):
         P.archive(cfg, b)
     b.state = "transformed"
-    P._save(store, b)
+    P.save_batch(store, b)
     with pytest.raises(P.PipelineError):             # transformed is not published either
         P.archive(cfg, b)
     with pytest.raises(P.PipelineError):             # publish before transform is refused too
@@ -117,7 +119,7 @@ def test_archive_refuses_until_published(cfg):
 
 def _with_state(store, b, state):
     b = P.Batch.from_dict({**b.to_dict(), "state": state})
-    P._save(store, b)
+    P.save_batch(store, b)
     return b
 
 
@@ -130,7 +132,7 @@ def _seed_state(cfg, mutations, now):
     run_store_batch(DeltaRsStateStore(P.delta_root(cfg, store)), sample_schema(), [records_to_batch(recs)],
                     batch_id=P.batch_id_for(1), batch_seq=1, now=now)
     batch = P.Batch(P.batch_id_for(1), 1, "archived", [], now, None)
-    P._save(store, batch)
+    P.save_batch(store, batch)
     store.put_json(P.POINTER_KEY, {"batch_seq": 1, "batch_id": batch.batch_id})
 
 
@@ -153,7 +155,7 @@ def test_sweep_batch_publishes_expiries_when_due(cfg, kafka_broker):
 
 
 def test_snapshot_batch_is_one_read_event_per_visible_row(cfg, kafka_broker):
-    from cdc_lib.delta_store import read_state, visible_table
+    from cdc_lib.sinks.delta import read_state, visible_table
     w = Workload(sample_schema(), seed=4, partitions=10)
     _seed_state(cfg, list(w.mutations(100)), NOW)
     cfg.kafka_bootstrap = kafka_broker
@@ -195,17 +197,21 @@ def test_cluster_snapshot_reads_rows_through_the_driver_session():
     assert len({e["id"] for e in events}) == 3
 
 
-def test_config_from_mapping_converts_and_ignores_unknown():
-    c = P.PipelineConfig.from_mapping({"max_segments": "7", "spark_submit": "true", "now": "12", "bogus": 1,
+def test_config_from_mapping_converts_and_rejects_unknown_keys():
+    c = P.PipelineConfig.from_mapping({"max_segments": "7", "spark_submit": "true", "now": "12",
                                        "schema_registry_url": "", "cassandra_hosts": "a, b"})
     assert (c.max_segments, c.spark_submit, c.now, c.schema_registry_url, c.cassandra_hosts) == \
         (7, True, 12, None, ["a", "b"])
+    # one rule for unknown keys, as for the agent's flags and the YAML file: an error naming the key
+    with pytest.raises(ConfigError, match="unknown setting 'bogus' \\(from DAG params\\)"):
+        P.PipelineConfig.from_mapping({"max_segments": "7", "bogus": 1})
 
 
 def test_avro_format_publishes_decodable_envelopes(cfg, kafka_broker):
     """kafka_format='avro' without a registry: Avro single-object encoding, schemas kept in the store."""
-    from cdc_lib.publish import AvroCodec, table_topic
     from test_publish import consume_all
+
+    from cdc_lib.sinks.kafka import AvroCodec, table_topic
     w = Workload(sample_schema(), seed=4, partitions=10)
     _seed_state(cfg, list(w.mutations(60)), NOW)
     cfg.kafka_bootstrap = kafka_broker
@@ -231,7 +237,7 @@ def test_avro_format_publishes_decodable_envelopes(cfg, kafka_broker):
 
 
 def test_driver_schema_source_reads_the_cluster_with_credentials(monkeypatch):
-    import cdc_lib.schema_driver as sd
+    from cdc_lib.cql import schema_from_cluster as sd
     seen = {}
 
     def fake(hosts, keyspaces=None, *, port=9042, strict=False, **options):
@@ -245,5 +251,5 @@ def test_driver_schema_source_reads_the_cluster_with_credentials(monkeypatch):
     assert schema.by_name("shop", "orders") is not None
     assert seen["hosts"] == ["10.0.0.1", "10.0.0.2"] and seen["port"] == 9142
     assert seen["auth"].username == "cdc" and seen["auth"].password == "pw"
-    with pytest.raises(P.ConfigError):
+    with pytest.raises(ConfigError):
         P.load_schema(P.PipelineConfig(schema_source="driver"))

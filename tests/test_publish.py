@@ -14,10 +14,10 @@ import pytest
 confluent_kafka = pytest.importorskip("confluent_kafka")
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition  # noqa: E402
 
-from cdc_lib.storage import ObjectStore  # noqa: E402
-from cdc_lib.publish import (BATCH_HEADER, EVENT_ID_HEADER, SEQ_HEADER, KafkaPublisher,  # noqa: E402
-                             LocalLedgerStore, OutboxEvent, PublishOrderError, PublishVerificationError,
-                             schema_change_topic, table_topic)
+from cdc_lib.sinks.kafka import (BATCH_HEADER, EVENT_ID_HEADER, SEQ_HEADER, KafkaPublisher, LocalLedgerStore,
+                                 OutboxEvent, PublishOrderError, PublishVerificationError, schema_change_topic,
+                                 table_topic)
+from cdc_lib.storage.objects import ObjectStore  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -260,12 +260,11 @@ def test_outbox_order_is_checked(tmp_path, kafka_broker):
 import threading  # noqa: E402
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer  # noqa: E402
 
-from cdc_lib.avro import from_avro_envelope, table_schema_dicts  # noqa: E402
+from cdc_lib.cql.schema_from_ddl import load_cql_schema  # noqa: E402
 from cdc_lib.errors import FormatError  # noqa: E402
-from cdc_lib.publish import (AvroCodec, JsonCodec, SchemaRegistryClient, SchemaRegistryError,  # noqa: E402
-                             confluent_unframe, outbox_events, schema_change_outbox_event, schema_fingerprint,
-                             single_object_unframe)
-from cdc_lib.schema_cql import load_cql_schema  # noqa: E402
+from cdc_lib.sinks.avro import from_avro_envelope, table_schema_dicts  # noqa: E402
+from cdc_lib.sinks.kafka import (AvroCodec, JsonCodec, SchemaRegistryClient, SchemaRegistryError, confluent_unframe,
+                                 outbox_events, schema_change_outbox_event, schema_fingerprint, single_object_unframe)
 
 
 class FakeRegistry:
@@ -396,8 +395,8 @@ def test_json_codec_and_tombstones(orders):
 
 
 def test_json_outbox_rows_re_encode_as_avro(registry, orders):
-    from cdc_lib.avro import to_json_event, to_json_key
-    from cdc_lib.publish import avro_from_json_outbox
+    from cdc_lib.sinks.avro import to_json_event, to_json_key
+    from cdc_lib.sinks.kafka import avro_from_json_outbox
     codec = AvroCodec(SchemaRegistryClient(registry.url))
     direct = outbox_events(codec, "cdc", orders, order_events(orders))
     for ev, ob in zip(order_events(orders), direct):

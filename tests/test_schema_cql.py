@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cdc_lib.cql.schema_from_ddl import load_cql_schema
 from cdc_lib.errors import SchemaError
-from cdc_lib.schema_cql import load_cql_schema
 
 ID1 = uuid.UUID("5a1c395e-b41f-11e5-9f22-ba0be0483c18")
 ID2 = uuid.UUID("6b2d4a6f-b41f-11e5-9f22-ba0be0483c18")

@@ -17,10 +17,10 @@ import pytest
 from cassandra.query import named_tuple_factory
 from cassandra.util import SortedSet
 
+from cdc_lib.cql.schema_from_cluster import load_from_cluster
+from cdc_lib.cql.schema_from_ddl import load_cql_schema
+from cdc_lib.cql.system_schema import SCHEMA_KEYSPACE, system_table_id
 from cdc_lib.errors import SchemaError
-from cdc_lib.schema_cql import load_cql_schema
-from cdc_lib.schema_driver import load_from_cluster
-from cdc_lib.system_schema import SCHEMA_KEYSPACE, system_table_id
 
 ORDERS_ID = uuid.UUID("5a1c395e-b41f-11e5-9f22-ba0be0483c18")
 DENSE_ID = uuid.UUID("6b2d4a6f-b41f-11e5-9f22-ba0be0483c18")

@@ -2,7 +2,7 @@
 
 Hand-made schema mutations are shaped like Cassandra's (SchemaKeyspace: a keyspace row, the table row and
 one row per column; row deletions for DROP; partition deletions for DROP KEYSPACE), encoded to bytes with
-``mutation.encode_mutation`` and decoded back through ``SchemaTracker.decode``, so the whole byte path runs.
+``commitlog.mutation.encode_mutation`` and decoded back through ``SchemaTracker.decode``, so the whole byte path runs.
 """
 from __future__ import annotations
 
@@ -13,15 +13,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cdc_lib.commitlog.model import (BoundKind, Cell, DeletionTime, LivenessInfo, Mutation, PartitionUpdate,
+                                     RangeTombstoneMarker, Row)
+from cdc_lib.commitlog.mutation import encode_mutation, finish_update
+from cdc_lib.commitlog.schema_from_log import SchemaTracker
+from cdc_lib.commitlog.segment import LogEntry, read_segment
+from cdc_lib.cql.schema_from_ddl import load_cql_schema
+from cdc_lib.cql.system_schema import SCHEMA_KEYSPACE, SYSTEM_SCHEMA_DEFINITIONS, system_schema_tables, system_table_id
 from cdc_lib.errors import UnknownTableError
-from cdc_lib.model import (BoundKind, Cell, DeletionTime, LivenessInfo, Mutation, PartitionUpdate,
-                           RangeTombstoneMarker, Row)
-from cdc_lib.mutation import encode_mutation, finish_update
-from cdc_lib.schema_cql import load_cql_schema
-from cdc_lib.schema_log import SchemaTracker
-from cdc_lib.segment import LogEntry, read_segment
-from cdc_lib.system_schema import (SCHEMA_KEYSPACE, SYSTEM_SCHEMA_DEFINITIONS, system_schema_tables,
-                                   system_table_id)
 
 SS = system_schema_tables()
 LDT = 1_700_000_000

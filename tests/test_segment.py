@@ -5,9 +5,9 @@ import os
 import pytest
 
 from cdc_lib import wire
+from cdc_lib.commitlog.segment import Damage, LogEntry, SegmentReader, parse_segment_name, read_header
+from cdc_lib.commitlog.writer import SegmentWriter, encode_header
 from cdc_lib.errors import SegmentError
-from cdc_lib.segment import Damage, LogEntry, SegmentReader, parse_segment_name, read_header
-from cdc_lib.writer import SegmentWriter, encode_header
 
 
 def _one(corpus, d):
@@ -172,7 +172,7 @@ def test_compressed_positions_are_logical(tmp_path, codec, version):
 
 
 def test_encrypted_segment_round_trip(tmp_path):
-    from cdc_lib.encryption import EncryptionKeys
+    from cdc_lib.commitlog.encryption import EncryptionKeys
     keys = EncryptionKeys.from_hex("testing:1=" + "00112233445566778899aabbccddeeff")
     muts = [os.urandom(50 + i) for i in range(300)]
     w = SegmentWriter(tmp_path, 9, version=7, keys=keys, key_alias="testing:1")

@@ -9,8 +9,7 @@ import uuid
 import psutil
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
-
-from servers import (KAFKA_GROUP_CONSUMER_CONFIG, ServerStartError, run_kafka_broker, run_s3_server)
+from servers import KAFKA_GROUP_CONSUMER_CONFIG, ServerStartError, run_kafka_broker, run_s3_server
 
 
 def read_partition(bootstrap: str, topic: str, isolation: str = "read_uncommitted") -> list[bytes]:

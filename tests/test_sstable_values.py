@@ -18,9 +18,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-
-from cdc_lib.cqltypes import EMPTY, CqlSet, CqlTime, Duration, parse_type
 from sstable_reader import read_sstable
+
+from cdc_lib.cql.types import EMPTY, CqlSet, CqlTime, Duration, parse_type
 
 TYPES_DIR = ("sstables", "3.11-types")
 

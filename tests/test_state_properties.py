@@ -2,7 +2,7 @@
 
 Random small schemas and random mutation streams of every kind are written to three replicas, shuffled,
 split into batches at arbitrary points and fed batch by batch (with the expiry sweep between batches, and
-``now`` moving forward) through ``events.process``. After every batch the engine's visible table must equal
+``now`` moving forward) through ``state.events.process``. After every batch the engine's visible table must equal
 the model's, and the events must tell a consistent history.
 """
 from __future__ import annotations
@@ -10,18 +10,19 @@ from __future__ import annotations
 import random
 import uuid
 
-from hypothesis import given, settings, strategies as st
-
-from cdc_lib import cqltypes
-from cdc_lib.celllog import decode_clustering, mutation_records
-from cdc_lib.events import expiry_sweep, process
-from cdc_lib.model import (BoundKind, Cell, DeletionTime, LivenessInfo, Mutation, PartitionUpdate,
-                           RangeTombstoneMarker, Row, NO_DELETION_TIME)
-from cdc_lib.schema import CLUSTERING, PARTITION_KEY, REGULAR, STATIC, ColumnMetadata, TableMetadata
-from cdc_lib.state import (PartitionState, apply_records, merge_partitions, partition_from_records,
-                           partition_to_records, visible_rows)
-
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from reference_model import visible_table
+
+from cdc_lib.celllog.records import mutation_records
+from cdc_lib.celllog.schema import decode_clustering
+from cdc_lib.commitlog.model import (NO_DELETION_TIME, BoundKind, Cell, DeletionTime, LivenessInfo, Mutation,
+                                     PartitionUpdate, RangeTombstoneMarker, Row)
+from cdc_lib.cql import types as cqltypes
+from cdc_lib.cql.schema import CLUSTERING, PARTITION_KEY, REGULAR, STATIC, ColumnMetadata, TableMetadata
+from cdc_lib.state.events import expiry_sweep, process
+from cdc_lib.state.reconcile import (PartitionState, apply_records, merge_partitions, partition_from_records,
+                                     partition_to_records, visible_rows)
 
 T = cqltypes.parse_type
 CLUSTERING_TYPES = ["int", "text", "bigint", "blob", "boolean", "timeuuid", "uuid", "varint", "date",

@@ -9,13 +9,13 @@ from decimal import Decimal
 import pyarrow as pa
 import pytest
 
-from cdc_lib import cqltypes
-from cdc_lib.celllog import encode_clustering
-from cdc_lib.model import NO_DELETION_TIME
-from cdc_lib.schema import CLUSTERING, PARTITION_KEY, REGULAR, STATIC, ColumnMetadata, DroppedColumn, TableMetadata
-from cdc_lib.state import (STATE_SCHEMA, STATIC_KEY, PartitionState, StateError, apply_record,
-                           compare_values, counter_context_total, merge_counter_contexts, partition_from_records,
-                           partition_to_records, reconcile_cells, visible_row, visible_rows)
+from cdc_lib.celllog.schema import encode_clustering
+from cdc_lib.commitlog.model import NO_DELETION_TIME
+from cdc_lib.cql import types as cqltypes
+from cdc_lib.cql.schema import CLUSTERING, PARTITION_KEY, REGULAR, STATIC, ColumnMetadata, DroppedColumn, TableMetadata
+from cdc_lib.state.reconcile import (STATE_SCHEMA, STATIC_KEY, PartitionState, StateError, apply_record, compare_values,
+                                     counter_context_total, merge_counter_contexts, partition_from_records,
+                                     partition_to_records, reconcile_cells, visible_row, visible_rows)
 
 T = cqltypes.parse_type
 INT = T("int")
@@ -183,7 +183,7 @@ def test_range_tombstone_open_ended_and_prefix_bounds():
 
 
 def _dec(k):
-    from cdc_lib.celllog import decode_clustering
+    from cdc_lib.celllog.schema import decode_clustering
     return decode_clustering(k)
 
 

@@ -6,13 +6,12 @@ import os
 import uuid
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cdc_lib.errors import ConfigError, FormatError
-from cdc_lib.storage import (
-    CHECKSUM_SUFFIX, Layout, ObjectNotFound, ObjectStore, StorageError, VerificationError, parse_segment_name,
-    sha256_bytes,
-)
+from cdc_lib.storage.layout import CHECKSUM_SUFFIX, Layout, parse_segment_name
+from cdc_lib.storage.objects import ObjectNotFound, ObjectStore, StorageError, VerificationError, sha256_bytes
 
 SEG = "CommitLog-7-1699285478684.log"
 

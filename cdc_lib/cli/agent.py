@@ -1,0 +1,87 @@
+"""``cassandra-cdc agent``: the node agent's command line (settings: flags > ``CASSANDRA_CDC_*`` environment >
+YAML ``agent:`` section > defaults)."""
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from typing import Any
+
+from cdc_lib import settings as config_mod
+from cdc_lib.agent.shipper import Agent
+from cdc_lib.errors import ConfigError
+from cdc_lib.settings import AgentConfig
+
+log = logging.getLogger("cassandra_cdc.agent")
+
+
+def build_parser(prog: str = "cassandra-cdc agent") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description="Ship completed Cassandra CDC segments from cdc_raw "
+                                                       "to object storage.")
+    p.add_argument("--config", help="YAML settings file (default: $CASSANDRA_CDC_CONFIG); keys as below, "
+                                    "top level or under 'agent:'")
+    p.add_argument("--cdc-raw", dest="cdc_raw", help="Cassandra's cdc_raw directory")
+    p.add_argument("--store-url", dest="store_url", help="store root: /dir, file:///dir, s3://bucket/prefix, ...")
+    p.add_argument("--storage-option", dest="storage_option", action="append", metavar="KEY=VALUE",
+                   help="fsspec storage option, repeatable (e.g. endpoint_url=http://127.0.0.1:8333)")
+    p.add_argument("--cluster", help="cluster name (first part of every key)")
+    p.add_argument("--node", help="node name (default: this host's name)")
+    p.add_argument("--poll-interval", dest="poll_interval", type=float, help="seconds between scans (1)")
+    p.add_argument("--state-dir", dest="state_dir", help="local state directory (default: beside cdc_raw)")
+    p.add_argument("--ship-live-prefix", dest="ship_live_prefix", action="store_true", default=None,
+                   help="also ship the synced prefix of live 4.0+ segments")
+    p.add_argument("--no-ship-live-prefix", dest="ship_live_prefix", action="store_false")
+    p.add_argument("--cdc-total-space", dest="cdc_total_space",
+                   help="Cassandra's cdc_total_space, e.g. 4096MiB (default: min(4096MiB, volume/8))")
+    p.add_argument("--warn-usage-fraction", dest="warn_usage_fraction", type=float,
+                   help="warn when cdc_raw holds more than this fraction of the CDC space (0.5)")
+    p.add_argument("--rate-window", dest="rate_window", type=float,
+                   help="seconds over which arrival and ship rates are compared (300)")
+    p.add_argument("--max-backoff", dest="max_backoff", type=float, help="longest retry delay in seconds (60)")
+    p.add_argument("--log-level", dest="log_level", help="DEBUG, INFO, WARNING, ERROR (INFO)")
+    p.add_argument("--once", action="store_true", help="one pass, then exit (1 if a segment failed to ship)")
+    return p
+
+
+def load_agent_config(args: argparse.Namespace, env: dict[str, str] | None = None) -> AgentConfig:
+    flags = {k: v for k, v in vars(args).items() if k not in ("config", "once", "storage_option")}
+    if args.storage_option:
+        flags["storage_options"] = config_mod.parse_key_values(args.storage_option)
+    return config_mod.load(AgentConfig, flags=flags, env=env, config_file=args.config, section="agent")
+
+
+def agent_main(argv: list[str] | None = None) -> int:
+    """``cassandra-cdc agent ...``: returns the process exit code (0 after a clean SIGTERM/SIGINT stop)."""
+    args = build_parser().parse_args(argv)
+    try:
+        cfg = load_agent_config(args)
+        level = getattr(logging, str(cfg.log_level).upper(), None)
+        if not isinstance(level, int):
+            raise ConfigError(f"unknown log level {cfg.log_level!r}")
+        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        agent = Agent(cfg)
+    except ConfigError as e:
+        print(f"cassandra-cdc agent: {e}", file=sys.stderr)
+        return 2
+    if args.once:
+        agent.run_once()
+        return 1 if agent.metrics()["consecutive_failures"] else 0
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log.info("received %s, stopping after the current step", signal.Signals(signum).name)
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        agent.run_forever(stop)
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(agent_main(sys.argv[1:]))

@@ -1,0 +1,347 @@
+"""The commit-log segment container: header, sync sections, entries, CRCs, compression and encryption.
+
+A segment is read as a stream of ``LogEntry`` (one serialized mutation, located by its logical position) and
+``Damage`` records (bytes that could not be read, kept for quarantine with the reason). Positions are the
+logical (uncompressed) offsets Cassandra uses for ``CommitLogPosition`` and writes into ``<segment>_cdc.idx``:
+an entry's ``position`` is the offset just *after* it (format reference §3.5, §5.2).
+
+Error policy (§3.4), tolerant by default, ``strict=True`` raises the first problem instead:
+
+* a zeroed sync marker, or no room for one, is the clean end of the segment;
+* a file cut inside its last section is a torn tail: reported (``Damage.kind == "torn_tail"``), then the end;
+* an entry whose mutation CRC fails is reported and skipped; reading goes on with the next entry;
+* a bad entry size/size CRC, or a section that cannot be decompressed/decrypted, is reported with the rest of
+  that section's bytes, and reading resumes at the next section;
+* a damaged sync marker (valid CRC is not found) is reported with the rest of the file: without a valid marker
+  there is no safe way to find the next section.
+
+Files are read section by section (memory-mapped when uncompressed), so memory does not grow with the segment.
+"""
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import re
+import zlib
+from dataclasses import dataclass, field
+from typing import Iterator, Optional, Union
+
+from cdc_lib import wire
+from cdc_lib.errors import CdcError, SegmentError
+
+SYNC_MARKER_SIZE = 8
+ENTRY_OVERHEAD = 12
+MIN_ENTRY_SIZE = 10
+SUPPORTED_VERSIONS = (6, 7, 8)
+CONTAINER_ONLY_VERSIONS = (5,)   # 2.2: same container, pre-3.0 mutation layout (not decoded)
+MESSAGING_VERSION = {5: None, 6: 11, 7: 12, 8: 13}
+
+_NAME_RE = re.compile(r"^CommitLog-(\d+)-(-?\d+)\.log$")
+
+
+def parse_segment_name(name: str) -> tuple[int, int]:
+    """``CommitLog-<version>-<id>.log`` -> (version, id). Raises SegmentError for other names."""
+    m = _NAME_RE.match(os.path.basename(name))
+    if not m:
+        raise SegmentError(f"not a commit-log segment name: {name!r}", source=name)
+    return int(m.group(1)), int(m.group(2))
+
+
+@dataclass(frozen=True)
+class SegmentHeader:
+    version: int
+    id: int
+    params: dict
+    size: int                                  # header bytes (18 + parameter length)
+
+    @property
+    def compression_class(self) -> Optional[str]:
+        return self.params.get("compressionClass") if not self.encrypted else None
+
+    @property
+    def encrypted(self) -> bool:
+        return "encKeyAlias" in self.params and "encCipher" in self.params
+
+    @property
+    def messaging_version(self) -> Optional[int]:
+        return MESSAGING_VERSION.get(self.version)
+
+
+@dataclass
+class LogEntry:
+    """One commit-log entry: a serialized mutation and where it sits."""
+    segment: str
+    segment_id: int
+    start: int                                 # logical offset of the entry's size field
+    position: int                              # logical offset just after the entry (CommitLogPosition)
+    data: bytes                                # the serialized mutation
+    descriptor_version: int
+
+    @property
+    def messaging_version(self) -> Optional[int]:
+        return MESSAGING_VERSION.get(self.descriptor_version)
+
+
+# Damage kinds that mean bytes were damaged (the others, ``torn_tail`` and ``unknown_table``, are not damage).
+DAMAGE_KINDS = frozenset({"header", "bad_marker", "bad_entry", "crc_mismatch", "compression", "encryption",
+                          "undecodable"})
+
+
+@dataclass
+class Damage:
+    """Bytes that could not be read, kept whole for quarantine, with what went wrong and where."""
+    segment: str
+    position: int                              # logical offset where the damage starts
+    kind: str                                  # header, bad_marker, bad_entry, crc_mismatch, compression,
+                                               # encryption, torn_tail
+    reason: str
+    data: bytes = field(repr=False, default=b"")
+    physical_position: Optional[int] = None
+
+    @property
+    def is_torn_tail(self) -> bool:
+        return self.kind == "torn_tail"
+
+    def error(self) -> SegmentError:
+        return SegmentError(f"{self.kind}: {self.reason}", self.segment, self.position)
+
+
+Record = Union[LogEntry, Damage]
+
+
+def read_header(buf, name: str = "<segment>") -> SegmentHeader:
+    """Parse and check the descriptor header at offset 0 (§2.2)."""
+    if len(buf) < 18:
+        raise SegmentError(f"file of {len(buf)} bytes is too short for a segment header", name, 0)
+    version = wire.be_i32(buf, 0)
+    seg_id = int.from_bytes(buf[4:12], "big", signed=True)
+    plen = int.from_bytes(buf[12:14], "big")
+    if 18 + plen > len(buf):
+        raise SegmentError(f"header parameters ({plen} bytes) run past the end of the file", name, 12)
+    params_raw = bytes(buf[14:14 + plen])
+    stored = wire.be_u32(buf, 14 + plen)
+    crc = wire.crc32_ints(version, seg_id & wire.MASK32, (seg_id >> 32) & wire.MASK32, plen)
+    crc = zlib.crc32(params_raw, crc)
+    if crc != stored:
+        raise SegmentError(f"header CRC mismatch (stored {stored:#010x}, computed {crc:#010x})", name, 14 + plen)
+    if version not in SUPPORTED_VERSIONS and version not in CONTAINER_ONLY_VERSIONS:
+        raise SegmentError(f"unsupported commit-log descriptor version {version}", name, 0)
+    try:
+        params = json.loads(params_raw.decode("utf-8")) if plen else {}
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SegmentError(f"header parameters are not JSON: {e}", name, 14) from None
+    if not isinstance(params, dict):
+        raise SegmentError("header parameters are not a JSON object", name, 14)
+    return SegmentHeader(version, seg_id, params, 18 + plen)
+
+
+class SegmentReader:
+    """Iterate a segment's entries and damage records, in file order.
+
+    ``source`` is a path or the segment's bytes (then give ``name``). ``start``: skip entries ending at or
+    before this logical position (the last position already processed); ``stop``: read only entries that end
+    at or before it (the synced offset from ``_cdc.idx`` for a live segment). ``keys`` are the
+    ``commitlog.encryption.EncryptionKeys`` for encrypted segments.
+    """
+
+    def __init__(self, source, *, name: str | None = None, keys=None, start: int | None = None,
+                 stop: int | None = None, strict: bool = False):
+        self._path = None
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            self._buf = source
+            self.name = name or "<bytes>"
+        else:
+            self._path = os.fspath(source)
+            self.name = name or os.path.basename(self._path)
+            self._buf = None
+        self.keys = keys
+        self.start = start
+        self.stop = stop
+        self.strict = strict
+        self.header: Optional[SegmentHeader] = None
+        self.damaged = False
+        self.entries = 0
+
+    # -- file access -----------------------------------------------------------------------------------
+    def _open(self):
+        if self._buf is not None:
+            return self._buf, None, None
+        f = open(self._path, "rb")
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            f.close()
+            return b"", None, None
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return mm, mm, f
+
+    def __iter__(self) -> Iterator[Record]:
+        buf, mm, f = self._open()
+        try:
+            yield from self._read(buf)
+        finally:
+            if mm is not None:
+                mm.close()
+            if f is not None:
+                f.close()
+
+    def _damage(self, position: int, kind: str, reason: str, data=b"", physical=None) -> Damage:
+        d = Damage(self.name, position, kind, reason, bytes(data), physical)
+        self.damaged = self.damaged or kind != "torn_tail"
+        if self.strict:
+            raise d.error()
+        return d
+
+    # -- sections ----------------------------------------------------------------------------------------
+    def _read(self, buf) -> Iterator[Record]:
+        self._ended = False
+        try:
+            header = read_header(buf, self.name)
+        except SegmentError as e:
+            if self.strict:
+                raise
+            self.damaged = True
+            yield Damage(self.name, e.position or 0, "header", e.reason, bytes(buf))
+            return
+        self.header = header
+        try:
+            _, name_id = parse_segment_name(self.name)
+            if name_id != header.id:
+                d = self._damage(0, "header", f"segment id mismatch: file name says {name_id}, "
+                                              f"header says {header.id}", buf)
+                yield d
+                return
+        except SegmentError:
+            pass  # bytes given without a proper file name: nothing to compare
+        seg_id = header.id
+        id_lo, id_hi = seg_id & wire.MASK32, (seg_id >> 32) & wire.MASK32
+        compressed = header.compression_class is not None
+        encrypted = header.encrypted
+        codec = None
+        if compressed:
+            from .compression import compressor_for
+            codec = compressor_for(header.compression_class, header.params.get("compressionParameters"))
+        n = len(buf)
+        pos = header.size
+        logical = header.size
+        while pos <= n - SYNC_MARKER_SIZE:
+            nxt = wire.be_i32(buf, pos)
+            crc = wire.be_u32(buf, pos + 4)
+            if crc != wire.crc32_ints(id_lo, id_hi, pos):
+                if nxt == 0 and crc == 0:
+                    return                                     # zeroed marker: clean end
+                yield self._damage(logical, "bad_marker",
+                                   f"sync marker CRC mismatch at file offset {pos}", buf[pos:], pos)
+                return
+            if self.stop is not None and logical >= self.stop:
+                return
+            if nxt < pos + SYNC_MARKER_SIZE or nxt > n:
+                if nxt > n:
+                    yield self._damage(logical, "torn_tail",
+                                       f"section at file offset {pos} ends at {nxt}, past the end of the "
+                                       f"file ({n} bytes)", buf[pos:], pos)
+                else:
+                    yield self._damage(logical, "bad_marker",
+                                       f"sync marker at {pos} points back to {nxt}", buf[pos:], pos)
+                return
+            if not compressed and not encrypted:
+                section_logical = pos + SYNC_MARKER_SIZE
+                yield from self._entries(buf, pos + SYNC_MARKER_SIZE, nxt, section_logical)
+                if self._ended:
+                    return
+                pos = nxt
+                logical = nxt
+                continue
+            # compressed / encrypted: i32 uncompressed length, then the payload
+            if nxt < pos + 12:
+                yield self._damage(logical, "bad_marker", f"section at {pos} too short for its length field",
+                                   buf[pos:nxt], pos)
+                return
+            ulen = wire.be_i32(buf, pos + 8)
+            section_logical = logical + SYNC_MARKER_SIZE
+            if ulen < 0:
+                yield self._damage(section_logical, "bad_entry", f"negative section length {ulen} at {pos}",
+                                   buf[pos:nxt], pos)
+                pos = nxt
+                continue
+            payload = bytes(buf[pos + 12:nxt])
+            if self.start is not None and section_logical + ulen <= self.start:
+                pos = nxt                                       # whole section already processed
+                logical = section_logical + ulen
+                continue
+            try:
+                if encrypted:
+                    from .encryption import decrypt_section
+                    if self.keys is None:
+                        from cdc_lib.errors import EncryptionError
+                        raise EncryptionError("segment is encrypted and no key was given "
+                                              f"(alias {header.params.get('encKeyAlias')!r})")
+                    data = decrypt_section(payload, ulen, header.params, self.keys)
+                elif ulen == 0:
+                    data = b""
+                else:
+                    data = codec.decompress(payload, ulen)
+            except CdcError as e:
+                kind = "encryption" if encrypted else "compression"
+                yield self._damage(section_logical, kind, f"section at file offset {pos}: "
+                                   f"{getattr(e, 'reason', str(e))}", buf[pos:nxt], pos)
+                pos = nxt
+                logical = section_logical + ulen
+                continue
+            yield from self._entries(data, 0, len(data), section_logical)
+            if self._ended:
+                return
+            pos = nxt
+            logical = section_logical + ulen
+
+    _ended = False          # set by _entries at a legacy end-of-segment marker (entry size 0)
+
+    def _entries(self, buf, begin: int, end: int, logical_begin: int) -> Iterator[Record]:
+        """Entries in ``buf[begin:end]``; ``logical_begin`` is the logical offset of ``begin``."""
+        shift = logical_begin - begin
+        p = begin
+        start, stop = self.start, self.stop
+        while p < end:
+            if end - p < 4:
+                yield self._damage(p + shift, "bad_entry", f"{end - p} stray bytes at the end of a section",
+                                   buf[p:end])
+                return
+            size = wire.be_i32(buf, p)
+            if size == 0:
+                # Legacy end-of-segment marker (and unwritten space in a live file).
+                self._ended = True
+                return
+            if end - p < 8:
+                yield self._damage(p + shift, "bad_entry", "entry header cut by the end of the section",
+                                   buf[p:end])
+                return
+            size_crc = wire.be_u32(buf, p + 4)
+            c1 = wire.crc32_ints(size)
+            if size_crc != c1 or size < MIN_ENTRY_SIZE:
+                why = (f"entry size CRC mismatch (size field {size})" if size_crc != c1
+                       else f"entry size {size} is below the minimum of {MIN_ENTRY_SIZE}")
+                yield self._damage(p + shift, "bad_entry", why + "; rest of the section kept", buf[p:end])
+                return
+            entry_end = p + ENTRY_OVERHEAD + size
+            if entry_end > end:
+                yield self._damage(p + shift, "bad_entry",
+                                   f"entry of {size} bytes runs past the end of its section", buf[p:end])
+                return
+            data = bytes(buf[p + 8:p + 8 + size])
+            position = entry_end + shift
+            if stop is not None and position > stop:
+                self._ended = True
+                return
+            stored = wire.be_u32(buf, entry_end - 4)
+            if zlib.crc32(data, c1) != stored:
+                yield self._damage(p + shift, "crc_mismatch", f"mutation CRC mismatch in entry of {size} bytes",
+                                   buf[p:entry_end])
+            elif start is None or position > start:
+                self.entries += 1
+                yield LogEntry(self.name, self.header.id, p + shift, position, data, self.header.version)
+            p = entry_end
+
+
+def read_segment(source, **kwargs) -> Iterator[Record]:
+    """Shorthand for ``iter(SegmentReader(source, **kwargs))``."""
+    return iter(SegmentReader(source, **kwargs))

@@ -1,0 +1,128 @@
+"""The batch manifest (``ledger/batches/<batch_id>.json``), the claim pointer, request flags and step metrics.
+
+Every step reads and writes the manifest in the object store, so a retry or a rerun after a crash at any
+instant finds what is done and does the rest. Counters of every step are logged and accumulated in
+``checkpoints/metrics.json``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from cdc_lib.errors import CdcError
+from cdc_lib.settings import PipelineConfig
+from cdc_lib.storage.layout import Layout
+from cdc_lib.storage.objects import ObjectStore
+
+from .resources import open_store
+
+log = logging.getLogger("cassandra_cdc.pipeline")
+
+POINTER_KEY = Layout.checkpoint("pipeline")
+METRICS_KEY = Layout.checkpoint("metrics")
+SWEEP_REQUEST_KEY = Layout.checkpoint("sweep-request")
+SNAPSHOT_REQUEST_KEY = Layout.checkpoint("snapshot-request")
+STATES = ("claimed", "transformed", "published", "archived")
+FAULT_POINTS = ("claim:manifest_written", "claim:pointer_written", "transform:before", "transform:outbox",
+                "transform:state", "transform:done", "publish:before", "publish:<publisher point>",
+                "publish:done", "archive:before", "archive:segment", "archive:done")
+
+Fault = Callable[[str], None]
+
+
+class PipelineError(CdcError):
+    """A step cannot go on (e.g. archive asked before the batch was published)."""
+
+
+@dataclass
+class Batch:
+    """One batch as its manifest stores it. ``segments``: [{key, node, name, size, checksum}]."""
+
+    batch_id: str = ""
+    batch_seq: int = 0
+    state: str = "empty"
+    segments: list = field(default_factory=list)
+    now: int = 0
+    prev_now: Optional[int] = None
+    sweep: bool = False
+    snapshot: bool = False                        # a backfill: 'r' events for every live row (no segments)
+    resumed: bool = False
+    claimed_by: str = ""
+    steps: dict = field(default_factory=dict)     # step -> its counters (as the step returned them)
+
+    @property
+    def empty(self) -> bool:
+        return not self.batch_id
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Batch":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in (d or {}).items() if k in names})
+
+
+def batch_id_for(seq: int) -> str:
+    return f"b-{seq:010d}"
+
+
+def manifest_key(batch_id: str) -> str:
+    Layout.ledger(batch_id)   # validates the name
+    return f"{Layout.LEDGER}/batches/{batch_id}.json"
+
+
+def save_batch(store: ObjectStore, batch: Batch) -> None:
+    store.put_json(manifest_key(batch.batch_id), batch.to_dict())
+
+
+def read_batch(store: ObjectStore, batch_id: str) -> Batch:
+    return Batch.from_dict(store.get_json(manifest_key(batch_id)))
+
+
+def reload_batch(store: ObjectStore, batch) -> Batch:
+    """The manifest as stored (a task gets the batch from XCom, which may be older than the store)."""
+    b = batch if isinstance(batch, Batch) else Batch.from_dict(batch)
+    if b.empty:
+        return b
+    return read_batch(store, b.batch_id)
+
+
+def no_fault(point: str) -> None:
+    pass
+
+
+def processing_time(config: PipelineConfig) -> int:
+    return int(config.now) if config.now is not None else int(time.time())
+
+
+def record_metrics(store: ObjectStore, step: str, counters: dict) -> None:
+    """Log the step's counters and fold them into ``checkpoints/metrics.json`` (totals + last run per step)."""
+    log.info("%s: %s", step, json.dumps(counters, sort_keys=True))
+    try:
+        m = store.get_json(METRICS_KEY) if store.exists(METRICS_KEY) else {}
+    except Exception:  # noqa: BLE001 - a broken metrics file must not stop the pipeline; it is rewritten
+        m = {}
+    m.setdefault("totals", {})
+    m.setdefault("last", {})
+    m["last"][step] = {**counters, "at": int(time.time())}
+    summable = {"resumed"} if counters.get("repeat") else None    # a resumed step's work is counted once
+    for k, v in counters.items():
+        if summable is None or k in summable:
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and not k.endswith("_s") and k != "batch_seq":
+                key = f"{step}.{k}"
+                m["totals"][key] = m["totals"].get(key, 0) + v
+    store.put_json(METRICS_KEY, m)
+
+
+def read_metrics(config: PipelineConfig) -> dict:
+    store = open_store(config)
+    return store.get_json(METRICS_KEY) if store.exists(METRICS_KEY) else {}
+
+
+def read_pointer(store: ObjectStore) -> dict:
+    return store.get_json(POINTER_KEY) if store.exists(POINTER_KEY) else {"batch_seq": 0}

@@ -1,0 +1,39 @@
+"""What a pipeline run is pointed at: the store, Kafka, Spark, the schema source (``PipelineConfig``)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from cdc_lib.errors import ConfigError
+from cdc_lib.settings import PipelineConfig
+from cdc_lib.storage.objects import ObjectStore
+
+MiB = 1 << 20
+
+
+def open_store(config: PipelineConfig) -> ObjectStore:
+    return ObjectStore.from_url(config.store_url, **config.fs_options())
+
+
+def delta_root(config: PipelineConfig, store: ObjectStore) -> str:
+    """The root Delta tables live under: the store's directory, or its s3:// URL."""
+    return store.root if store.local else store.url
+
+
+def load_schema(config: PipelineConfig):
+    """The CQL schema the decoder types values with (``schema_source``)."""
+    if config.schema_source == "cql":
+        if not config.schema_file:
+            raise ConfigError("schema_source 'cql' needs schema_file (a CQL file with table IDs)")
+        from cdc_lib.cql.schema_from_ddl import load_cql_schema
+        return load_cql_schema(Path(config.schema_file))
+    if config.schema_source == "driver":
+        from cdc_lib.cql import schema_from_cluster as schema_driver
+        if not config.cassandra_hosts:
+            raise ConfigError("schema_source 'driver' needs cassandra_hosts (or the Cassandra connection)")
+        options = {}
+        if config.cassandra_username:
+            from cassandra.auth import PlainTextAuthProvider
+            options["auth_provider"] = PlainTextAuthProvider(config.cassandra_username,
+                                                             config.cassandra_password or "")
+        return schema_driver.load_from_cluster(config.cassandra_hosts, port=config.cassandra_port, **options)
+    raise ConfigError(f"schema_source must be 'cql' or 'driver', got {config.schema_source!r}")

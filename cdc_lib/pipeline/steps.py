@@ -1,0 +1,397 @@
+"""The pipeline's steps, as plain idempotent functions the Airflow tasks call: claim -> transform -> publish -> archive.
+
+One batch at a time (the DAG runs with ``max_active_runs=1``). Every step reads and writes the batch manifest
+``ledger/batches/<batch_id>.json`` in the object store, so a retry or a rerun after a crash at any instant
+finds what is done and does the rest:
+
+1. ``claim``: if the last batch is not archived (a crash), return *that* batch again: exactly-once needs
+   deterministic batches (same segments, same ``now``, same ``batch_seq``). Otherwise list the complete
+   incoming segments (sidecar present), oldest first per node, up to ``max_segments`` / ``max_bytes``, write
+   the manifest (state ``claimed``), then move the pointer ``checkpoints/pipeline.json``. Nothing new: an
+   empty batch, returned fast, without writing anything; unless a TTL sweep is due (``sweep_interval_s`` since
+   the last batch, or a sweep requested by the maintenance DAG): then a batch without segments sweeps expiries.
+2. ``transform``: ``spark.merge_job.run_batch`` (in-process local Spark, the embedded default, or
+   ``spark-submit``); a sweep batch runs the Spark-free ``sinks.delta.run_store_batch``. Damaged entries and
+   entries of unknown tables are written to ``quarantined/`` with a ``.reason.json`` by the job; the rest of the
+   batch proceeds. Delta commits carry the app transaction ``(app_id, batch_seq)``: a rerun writes nothing twice.
+3. ``publish``: ``sinks.kafka.KafkaPublisher.publish_batch`` on the batch's outbox rows (exactly once: the
+   publisher's own intent/scan/verify protocol and its ledger marker ``ledger/<batch_id>.json``).
+4. ``archive``: only once the publisher's marker exists: each segment moves ``incoming/`` -> ``archived/``
+   (copy, verify, then delete); a segment in which bytes were damaged moves to ``quarantined/`` with a reason
+   naming every damaged position instead (its readable entries were processed).
+
+Backfill and maintenance batches run through the same steps (see ``backfill`` and ``maintenance``).
+
+Counters of every step are logged, returned (the DAG task logs them) and accumulated in
+``checkpoints/metrics.json`` so a user can read them (``cat``/``aws s3 cp``).
+
+Fault injection: every step takes ``fault``, called as ``fault(point)`` at named points (see ``FAULT_POINTS``;
+publisher points arrive as ``publish:<point>``); tests raise from it or ``os._exit`` to simulate a crash.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+from cdc_lib.commitlog.segment import DAMAGE_KINDS
+from cdc_lib.errors import CdcError, ConfigError
+from cdc_lib.settings import PipelineConfig
+from cdc_lib.spark.session import spark_session
+from cdc_lib.storage.layout import Layout, parse_segment_name
+from cdc_lib.storage.objects import ObjectStore, sha256_file
+from cdc_lib.storage.quarantine import quarantined_records
+
+from .backfill import snapshot_outbox
+from .batches import (POINTER_KEY, SNAPSHOT_REQUEST_KEY, STATES, SWEEP_REQUEST_KEY, Batch, Fault, PipelineError,
+                      batch_id_for, manifest_key, no_fault, processing_time, read_batch, read_pointer, record_metrics,
+                      reload_batch, save_batch)
+from .resources import MiB, delta_root, load_schema, open_store
+
+log = logging.getLogger("cassandra_cdc.pipeline")
+
+
+# ------------------------------------------------------------------------------------------------ 1. claim
+
+
+def _candidates(store: ObjectStore, config: PipelineConfig) -> tuple[list, int]:
+    """Complete incoming segments, in claim order: per-node rank first, so no node waits behind another.
+
+    Returns (segments, incomplete uploads seen).
+    """
+    by_node: dict = {}
+    incomplete = 0
+    for key in store.list(Layout.area_prefix(Layout.INCOMING, config.cluster)):
+        try:
+            _, _, node, name = Layout.parse_segment_key(key)
+            _, seg_id = parse_segment_name(name)
+        except CdcError:
+            continue  # not a segment (e.g. a stray file): never claimed
+        info = store.info(key)
+        if info.checksum is None:
+            incomplete += 1       # an upload cut short, or still running: the next run sees it complete
+            continue
+        by_node.setdefault(node, []).append((seg_id, {"key": key, "node": node, "name": name, "size": info.size,
+                                                      "checksum": info.checksum}))
+    ranked = []
+    for node, segs in by_node.items():
+        for rank, (seg_id, seg) in enumerate(sorted(segs, key=lambda s: s[0])):
+            ranked.append(((rank, node), seg))
+    return [s for _, s in sorted(ranked, key=lambda r: r[0])], incomplete
+
+
+def claim(config: PipelineConfig, run_id: str = "", *, fault: Fault = no_fault) -> Batch:
+    """The batch this run works on: the unfinished one after a crash, else new segments; may be empty."""
+    t0 = time.monotonic()
+    store = open_store(config)
+    ptr = read_pointer(store)
+    seq = int(ptr.get("batch_seq", 0))
+    # A manifest written just before a crash, before the pointer moved: that batch is the current one.
+    nxt = batch_id_for(seq + 1)
+    if store.exists(manifest_key(nxt)):
+        store.put_json(POINTER_KEY, {"batch_seq": seq + 1, "batch_id": nxt})
+        seq += 1
+    last = read_batch(store, batch_id_for(seq)) if seq else None
+    if last is not None and last.state != "archived":
+        last.resumed = True
+        record_metrics(store, "claim", {"batch_seq": last.batch_seq, "segments": len(last.segments),
+                                         "resumed": 1, "repeat": True, "duration_s": time.monotonic() - t0})
+        log.warning("claim: resuming unfinished batch %s (state %s, %d segments)", last.batch_id, last.state,
+                    len(last.segments))
+        return last
+
+    candidates, incomplete = _candidates(store, config)
+    chosen, size = [], 0
+    for seg in candidates:
+        if chosen and (len(chosen) >= config.max_segments or size + seg["size"] > config.max_bytes):
+            break
+        chosen.append(seg)
+        size += seg["size"]
+    now = processing_time(config)
+    prev_now = last.now if last is not None else None
+    if prev_now is not None:
+        now = max(now, prev_now)     # processing time never goes back (TTL sweep windows)
+    sweep = snapshot = False
+    if not chosen and store.exists(SNAPSHOT_REQUEST_KEY):
+        snapshot = True     # a batch of its own between two stream batches: see snapshot_outbox
+    elif not chosen and last is not None:
+        requested = store.exists(SWEEP_REQUEST_KEY)
+        sweep = now > prev_now and (requested or now - prev_now >= config.sweep_interval_s)
+    if not chosen and not sweep and not snapshot:
+        counters = {"segments": 0, "bytes": 0, "pending": 0, "incomplete_uploads": incomplete,
+                    "duration_s": round(time.monotonic() - t0, 3)}
+        record_metrics(store, "claim", counters)
+        return Batch(steps={"claim": counters})
+    if snapshot:
+        now = prev_now if prev_now is not None else now   # the state as the last batch left it
+    batch = Batch(batch_id_for(seq + 1), seq + 1, "claimed", chosen, now, prev_now, sweep, snapshot, False, run_id)
+    counters = {"batch_seq": batch.batch_seq, "segments": len(chosen), "bytes": size,
+                "pending": len(candidates) - len(chosen), "incomplete_uploads": incomplete, "sweep": int(sweep),
+                "snapshot": int(snapshot),
+                "duration_s": round(time.monotonic() - t0, 3)}
+    batch.steps["claim"] = counters
+    save_batch(store, batch)
+    fault("claim:manifest_written")
+    store.put_json(POINTER_KEY, {"batch_seq": batch.batch_seq, "batch_id": batch.batch_id})
+    if sweep and store.exists(SWEEP_REQUEST_KEY):
+        store.delete(SWEEP_REQUEST_KEY)
+    if snapshot:
+        store.delete(SNAPSHOT_REQUEST_KEY)
+    fault("claim:pointer_written")
+    record_metrics(store, "claim", counters)
+    return batch
+
+
+# ------------------------------------------------------------------------------------------------ 2. transform
+
+
+def _stage_segments(store: ObjectStore, config: PipelineConfig, batch: Batch) -> tuple[list, Optional[str]]:
+    """Local paths ``.../<node>/<segment>`` of the batch's segments (the job reads local files).
+
+    A local store is read in place. A remote store's segments are fetched (bounded by ``max_bytes``) and checked
+    against their sidecar checksum. Returns (paths, staging directory to remove afterwards).
+    """
+    if store.local:
+        return [os.path.join(store.root, *s["key"].split("/")) for s in batch.segments], None
+    base = Path(config.staging_dir or tempfile.gettempdir()) / f"cdc-stage-{batch.batch_id}"
+    paths = []
+    for s in batch.segments:
+        dest = base / s["node"] / s["name"]
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if not (dest.exists() and sha256_file(dest)[0] == s["checksum"]):
+            with store.open(s["key"]) as src, open(dest, "wb") as out:
+                shutil.copyfileobj(src, out, MiB)
+            got = sha256_file(dest)[0]
+            if got != s["checksum"]:
+                raise PipelineError(f"{s['key']}: fetched copy hashes to {got}, sidecar says {s['checksum']}")
+        paths.append(str(dest))
+    return paths, str(base)
+
+
+def _spark_submit(config: PipelineConfig, paths: list, root: str, batch: Batch) -> dict:
+    """Run the job with ``spark-submit`` (the job's CLI); its last stdout line is the result as JSON."""
+    job = Path(__file__).resolve().parents[2] / "spark_jobs" / "merge_batch.py"
+    argv = [config.spark_submit_bin, "--master", config.spark_master, str(job), "--segments", *paths,
+            "--root", root, "--schema-file", str(config.schema_file), "--batch-id", batch.batch_id,
+            "--batch-seq", str(batch.batch_seq), "--now", str(batch.now), "--cluster", config.cluster]
+    if batch.prev_now is not None:
+        argv += ["--prev-now", str(batch.prev_now)]
+    for k, v in config.delta_options().items():
+        argv += ["--storage-option", f"{k}={v}"]
+    log.info("transform: %s", " ".join(a if "SECRET" not in a else a.split("=")[0] + "=***" for a in argv))
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise PipelineError(f"spark-submit failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def transform(config: PipelineConfig, batch, *, fault: Fault = no_fault, spark=None) -> Batch:
+    """Decode, dedupe and reconcile the batch into Delta state tables + outbox (idempotent per ``batch_seq``)."""
+    store = open_store(config)
+    batch = reload_batch(store, batch)
+    if batch.empty:
+        return batch
+    if STATES.index(batch.state) >= STATES.index("transformed"):
+        log.info("transform: %s already transformed", batch.batch_id)
+        return batch
+    t0 = time.monotonic()
+    fault("transform:before")
+    schema = load_schema(config)
+    root = delta_root(config, store)
+
+    def hook(kind, name):
+        fault(f"transform:{kind}")
+
+    counters: dict = {"segments": len(batch.segments), "bytes": sum(s["size"] for s in batch.segments)}
+    if batch.snapshot:
+        counters.update(events=snapshot_outbox(config, root, schema, batch, hook))
+    elif batch.sweep or not batch.segments:
+        from cdc_lib.sinks.delta import DeltaRsStateStore, run_store_batch
+        st = DeltaRsStateStore(root, config.delta_options(), app_id=config.app_id, fail_hook=hook)
+        res = run_store_batch(st, schema, [], batch_id=batch.batch_id, batch_seq=batch.batch_seq, now=batch.now,
+                              prev_now=batch.prev_now, cluster=config.cluster)
+        counters.update(events=res["events"], partitions_written=sum(res["tables"].values()))
+    else:
+        paths, staged = _stage_segments(store, config, batch)
+        try:
+            if config.spark_submit:
+                res = _spark_submit(config, paths, root, batch)
+                counters.update(events=res.get("events", 0), partitions_written=sum(res.get("tables", {}).values()))
+            else:
+                from cdc_lib.spark.merge_job import run_batch
+                t1 = time.monotonic()
+                session = spark or spark_session(config.spark_master)
+                counters["spark_start_s"] = round(time.monotonic() - t1, 3)
+                res = run_batch(session, paths, root=root, storage_options=config.delta_options(), schema=schema,
+                                batch_id=batch.batch_id, batch_seq=batch.batch_seq, now=batch.now,
+                                prev_now=batch.prev_now, cluster=config.cluster, app_id=config.app_id,
+                                quarantine_url=store.url, quarantine_options=config.fs_options(), fail_hook=hook)
+                counters.update(events=res.events, state_rows_written=sum(res.tables.values()))
+        finally:
+            if staged:
+                shutil.rmtree(staged, ignore_errors=True)
+    quarantined = quarantined_records(store, config.cluster, batch.segments, batch.batch_id)
+    damaged_segments = sorted({(q["node"], q["segment"]) for q in quarantined if q["kind"] in DAMAGE_KINDS})
+    counters.update(
+        quarantined_entries=len(quarantined),
+        damaged=sum(1 for q in quarantined if q["kind"] in DAMAGE_KINDS),
+        unknown_table_entries=sum(1 for q in quarantined if q["kind"] == "unknown_table"),
+        damaged_segments=len(damaged_segments),
+        duration_s=round(time.monotonic() - t0, 3))
+    for q in quarantined:
+        log.warning("transform: quarantined %s (%s: %s)", q["key"], q["kind"], q["reason"])
+    batch.steps["transform"] = counters
+    batch.steps["quarantined"] = quarantined
+    fault("transform:done")
+    batch.state = "transformed"
+    save_batch(store, batch)
+    record_metrics(store, "transform", counters)
+    return batch
+
+
+# ------------------------------------------------------------------------------------------------ 3. publish
+
+def _codec(config: PipelineConfig, store):
+    """None for JSON (the outbox's own bytes are published), else the Avro codec."""
+    if config.kafka_format == "json":
+        return None
+    if config.kafka_format != "avro":
+        raise ConfigError(f"kafka_format {config.kafka_format!r}: use 'json' or 'avro'")
+    from cdc_lib.sinks.kafka import AvroCodec, SchemaRegistryClient
+    registry = SchemaRegistryClient(config.schema_registry_url) if config.schema_registry_url else None
+    return AvroCodec(registry, schema_store=store)
+
+
+def _outbox_events(config: PipelineConfig, root: str, batch: Batch, tally: dict, codec=None) -> list:
+    """The batch's outbox rows as ``sinks.kafka.OutboxEvent``: the JSON bytes exactly as the outbox holds them, or
+    the same events in Avro (``sinks.kafka.avro_from_json_outbox`` restores the typed values)."""
+    from cdc_lib.sinks.delta import read_outbox
+    from cdc_lib.sinks.kafka import OutboxEvent, avro_from_json_outbox, table_topic
+    schema = load_schema(config) if codec is not None else None
+    out = []
+    seq = 0
+    for r in read_outbox(root, batch.batch_id, config.delta_options()):
+        topic = table_topic(config.topic_prefix, r["keyspace"], r["table"])
+        if codec is None:
+            key, value = r["key_json"].encode(), r["event_json"].encode()
+        else:
+            table = schema.by_name(r["keyspace"], r["table"])
+            if table is None:
+                raise PipelineError(f"publish: table {r['keyspace']}.{r['table']} of event {r['event_id']} is not "
+                                    "in the schema; cannot encode it as Avro")
+            key, value = avro_from_json_outbox(codec, table, topic, r["key_json"], r["event_json"])
+        out.append(OutboxEvent(r["event_id"], topic, key, value, seq))
+        seq += 1
+        tally["by_op"][r["op"]] = tally["by_op"].get(r["op"], 0) + 1
+        tname = f"{r['keyspace']}.{r['table']}"
+        tally["by_table"][tname] = tally["by_table"].get(tname, 0) + 1
+        if config.kafka_tombstones and r["op"] == "d":
+            out.append(OutboxEvent(f"{r['event_id']}.tombstone", topic, key, None, seq))
+            seq += 1
+    return out
+
+
+def publish(config: PipelineConfig, batch, *, fault: Fault = no_fault) -> Batch:
+    """Publish the batch's outbox to Kafka exactly once (``sinks.kafka.KafkaPublisher``)."""
+    from cdc_lib.sinks.kafka import KafkaPublisher
+    store = open_store(config)
+    batch = reload_batch(store, batch)
+    if batch.empty:
+        return batch
+    if batch.state == "claimed":
+        raise PipelineError(f"publish: batch {batch.batch_id} is not transformed yet")
+    if STATES.index(batch.state) >= STATES.index("published"):
+        log.info("publish: %s already published", batch.batch_id)
+        return batch
+    codec = _codec(config, store)
+    t0 = time.monotonic()
+    fault("publish:before")
+    tally: dict = {"by_op": {}, "by_table": {}}
+    events = _outbox_events(config, delta_root(config, store), batch, tally, codec)
+    publisher = KafkaPublisher(config.kafka_bootstrap, store, ledger_prefix=Layout.LEDGER,
+                               num_partitions=config.kafka_partitions, timeout_s=config.kafka_timeout_s,
+                               fault=lambda point, **info: fault(f"publish:{point}"))
+    res = publisher.publish_batch(batch.batch_id, events)
+    counters = {"events": res.events, "produced": res.produced, "already_in_kafka": res.already_in_kafka,
+                "skipped_duplicates": res.already_in_kafka, "ledger_skipped": int(res.skipped),
+                "by_op": tally["by_op"], "by_table": tally["by_table"],
+                "duration_s": round(time.monotonic() - t0, 3)}
+    fault("publish:done")
+    batch.steps["publish"] = counters
+    batch.state = "published"
+    save_batch(store, batch)
+    record_metrics(store, "publish", counters)
+    return batch
+
+
+# ------------------------------------------------------------------------------------------------ 4. archive
+
+def archive(config: PipelineConfig, batch, *, fault: Fault = no_fault) -> Batch:
+    """Move the batch's segments out of ``incoming/``: only after Kafka has every event of the batch."""
+    store = open_store(config)
+    batch = reload_batch(store, batch)
+    if batch.empty:
+        return batch
+    if batch.state == "archived":
+        return batch
+    if batch.state != "published" or not store.exists(Layout.ledger(batch.batch_id)):
+        raise PipelineError(f"archive: batch {batch.batch_id} is not published (state {batch.state}); "
+                            "nothing archived")
+    t0 = time.monotonic()
+    fault("archive:before")
+    damaged: dict = {}
+    for q in batch.steps.get("quarantined", []):
+        if q["kind"] in DAMAGE_KINDS:
+            damaged.setdefault((q["node"], q["segment"]), []).append(
+                {"position": q["position"], "kind": q["kind"], "reason": q["reason"], "entry_key": q["key"]})
+    archived = quarantined = 0
+    for s in batch.segments:
+        if (s["node"], s["name"]) in damaged:
+            dst = Layout.quarantined(config.cluster, s["node"], s["name"])
+            store.quarantine(s["key"], dst, {
+                "batch_id": batch.batch_id, "segment": s["name"], "node": s["node"], "checksum": s["checksum"],
+                "reason": "damaged bytes; the readable entries were processed, the damaged ones are quarantined "
+                          "separately (entry_key)",
+                "damage": damaged[(s["node"], s["name"])]})
+            quarantined += 1
+        else:
+            store.move(s["key"], Layout.archived(config.cluster, s["node"], s["name"]))
+            archived += 1
+        fault("archive:segment")
+    counters = {"archived": archived, "quarantined_segments": quarantined,
+                "duration_s": round(time.monotonic() - t0, 3)}
+    batch.steps["archive"] = counters
+    batch.state = "archived"
+    save_batch(store, batch)
+    fault("archive:done")
+    record_metrics(store, "archive", counters)
+    return batch
+
+
+# ------------------------------------------------------------------------------------------------ whole runs
+
+def run_once(config: PipelineConfig, run_id: str = "", *, fault: Fault = no_fault, spark=None) -> Batch:
+    """claim -> transform -> publish -> archive in this process (what one DAG run does)."""
+    batch = claim(config, run_id, fault=fault)
+    if batch.empty:
+        return batch
+    batch = transform(config, batch, fault=fault, spark=spark)
+    batch = publish(config, batch, fault=fault)
+    return archive(config, batch, fault=fault)
+
+
+def run_until_idle(config: PipelineConfig, *, max_runs: int = 100, spark=None) -> list:
+    """Repeat ``run_once`` until a run finds nothing to do; returns the batches processed."""
+    done = []
+    for _ in range(max_runs):
+        b = run_once(config, spark=spark)
+        if b.empty:
+            break
+        done.append(b)
+    return done

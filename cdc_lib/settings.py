@@ -1,0 +1,396 @@
+"""The one settings model: what the agent and the pipeline are pointed at, and one way to load it.
+
+``AgentConfig`` (YAML section ``agent:``) and ``PipelineConfig`` (section ``pipeline:``) are the consumers; the
+command line, the environment, a YAML file and the DAG params all fill them through ``load``.
+
+One rule everywhere: **flags (or DAG params) > environment > YAML file > defaults**, and a key that names no
+setting is an error that names the key and where it came from (a typo must not be silently ignored). A settings class is a dataclass; ``load``
+fills it from those four sources and converts each value to the field's type, so every consumer gets typed,
+validated settings and a :class:`ConfigError` naming the source of any bad value.
+
+* Flags: a mapping of field name to value (``None`` means "not given", as argparse leaves it).
+* Environment: ``CASSANDRA_CDC_<FIELD>`` (upper case), e.g. ``CASSANDRA_CDC_STORE_URL``. Mapping fields take JSON
+  (``CASSANDRA_CDC_STORAGE_OPTIONS='{"endpoint_url": "http://127.0.0.1:8333"}'``). A ``CASSANDRA_CDC_`` variable
+  that no consumer has is an error (``CASSANDRA_CDC_CONFIG`` names the file).
+* YAML file: given explicitly or by ``CASSANDRA_CDC_CONFIG``. Top-level keys are shared by every consumer (each
+  takes the ones it has); a section named after the consumer (``agent:``, ``pipeline:``) overrides them. Other
+  consumers' sections are skipped; a key no consumer has is an error (it is almost always a typo).
+  Example::
+
+      store_url: s3://cdc-bucket/prod
+      cluster: main
+      storage_options: {endpoint_url: "http://minio:9000"}
+      agent:
+        cdc_raw: /var/lib/cassandra/cdc_raw
+        cdc_total_space: 4096MiB
+
+* Defaults: the dataclass defaults. A field without a default is required.
+
+A field may carry ``metadata={"parse": fn}`` to convert strings its own way (sizes, for example).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import socket
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional, TypeVar
+
+from .errors import ConfigError
+from .storage.layout import Layout
+
+ENV_PREFIX = "CASSANDRA_CDC_"
+CONFIG_FILE_ENV = ENV_PREFIX + "CONFIG"
+MiB = 1 << 20
+MiB = 1 << 20
+
+T = TypeVar("T")
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000 ** 2, "mb": 1000 ** 2, "g": 1000 ** 3, "gb": 1000 ** 3,
+    "t": 1000 ** 4, "tb": 1000 ** 4,
+    "kib": 1024, "mib": 1024 ** 2, "gib": 1024 ** 3, "tib": 1024 ** 4,
+}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(value: Any) -> int:
+    """A byte count from ``4096``, ``"4096MiB"``, ``"1.5GiB"`` or ``"10MB"`` (binary and decimal units)."""
+    if isinstance(value, bool):
+        raise ConfigError(f"not a size: {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ConfigError(f"size must not be negative: {value}")
+        return value
+    if isinstance(value, float):
+        if value < 0 or value != value:
+            raise ConfigError(f"not a size: {value!r}")
+        return int(value)
+    m = _SIZE_RE.match(str(value))
+    if not m or m.group(2).lower() not in _SIZE_UNITS:
+        raise ConfigError(f"not a size: {value!r} (examples: 4096MiB, 2GiB, 1048576)")
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+
+
+def parse_bool(value: Any) -> bool:
+    """``true/false``, ``yes/no``, ``on/off``, ``1/0`` (case-insensitive) or a real bool."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on", "y"):
+        return True
+    if text in ("0", "false", "no", "off", "n", ""):
+        return False
+    raise ConfigError(f"not a boolean: {value!r}")
+
+
+def parse_key_values(items: list[str] | None) -> dict[str, Any]:
+    """``["endpoint_url=http://x", "anon=true"]`` -> dict; values that parse as JSON scalars are converted."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"expected KEY=VALUE, got {item!r}")
+        try:
+            value = json.loads(raw)
+            if isinstance(value, (dict, list)):
+                value = raw
+        except ValueError:
+            value = raw
+        out[key.strip()] = value
+    return out
+
+
+def _convert(cls_name: str, field: dataclasses.Field, hint: Any, value: Any, source: str) -> Any:
+    """``value`` converted to the field's type; ConfigError names the field and where the value came from."""
+    where = f"{cls_name}.{field.name} (from {source})"
+    parse = field.metadata.get("parse") if field.metadata else None
+    try:
+        if value is None:
+            return None
+        if parse is not None:
+            return parse(value)
+        origin = typing.get_origin(hint)
+        args = typing.get_args(hint)
+        if origin in (typing.Union, types.UnionType):
+            non_none = [a for a in args if a is not type(None)]
+            if isinstance(value, str) and value.strip().lower() in ("", "none", "null") and type(None) in args:
+                return None
+            hint = non_none[0] if len(non_none) == 1 else str
+            origin = typing.get_origin(hint)
+        if hint is bool:
+            return parse_bool(value)
+        if hint is int:
+            if isinstance(value, bool):
+                raise ConfigError("not an integer")
+            return int(value)
+        if hint is float:
+            if isinstance(value, bool):
+                raise ConfigError("not a number")
+            return float(value)
+        if hint is str:
+            if isinstance(value, (dict, list)):
+                raise ConfigError("expected a string")
+            return str(value)
+        if hint is Path:
+            return Path(str(value)).expanduser()
+        if hint is dict or origin is dict:
+            if isinstance(value, str):
+                value = json.loads(value) if value.strip() else {}
+            if not isinstance(value, Mapping):
+                raise ConfigError("expected a mapping")
+            return dict(value)
+        if hint is list or origin is list:
+            if isinstance(value, str):
+                value = [v.strip() for v in value.split(",") if v.strip()]
+            return list(value)
+        return value
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{where}: bad value {value!r}: {e}") from None
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """The YAML file as a mapping (an empty file is an empty mapping)."""
+    import yaml  # PyYAML; imported here so that callers without a file do not need it
+
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {p}: {e}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {p} is not valid YAML: {e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {p} must hold a mapping at the top level")
+    return data
+
+
+def load(cls: type[T], *, flags: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
+         config_file: str | Path | None = None, section: str | None = None,
+         env_prefix: str = ENV_PREFIX, flags_source: str = "flag") -> T:
+    """An instance of settings class ``cls`` from flags > environment > YAML file > defaults.
+
+    ``env`` defaults to ``os.environ``; ``config_file`` defaults to ``$CASSANDRA_CDC_CONFIG`` if set. ``section``
+    names this consumer's YAML section (default: the class's own, ``"agent"`` or ``"pipeline"``).
+    ``flags_source`` says where the flags came from in error messages (``"flag"``, ``"DAG params"``).
+    """
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"{cls!r} is not a dataclass")
+    env = os.environ if env is None else env
+    section = section or SECTIONS.get(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    hints = typing.get_type_hints(cls)
+    values: dict[str, tuple[Any, str]] = {}
+
+    if config_file is None:
+        config_file = env.get(CONFIG_FILE_ENV) or None
+    if config_file is not None:
+        for key, value in _file_settings(config_file, fields, section).items():
+            values[key] = (value, f"config file {config_file}")
+
+    for var in env:
+        if not var.startswith(env_prefix) or var == CONFIG_FILE_ENV:
+            continue
+        name = var[len(env_prefix):].lower()
+        if name in fields:
+            values[name] = (env[var], f"environment {var}")
+        elif name not in _known_keys() and var not in OTHER_ENV:
+            raise ConfigError(f"unknown setting in the environment: {var} (no consumer has {name!r}; "
+                              f"see cdc_lib.settings)")
+
+    for name, value in (flags or {}).items():
+        if name not in fields:
+            raise ConfigError(f"{cls.__name__}: unknown setting {name!r} (from {flags_source})")
+        if value is not None:
+            src = f"flag --{name.replace('_', '-')}" if flags_source == "flag" else f"{flags_source} {name!r}"
+            values[name] = (value, src)
+
+    kwargs: dict[str, Any] = {}
+    for name, (value, source) in values.items():
+        kwargs[name] = _convert(cls.__name__, fields[name], hints.get(name, Any), value, source)
+    missing = [n for n, f in fields.items() if n not in kwargs and f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING]
+    if missing:
+        hint = ", ".join(f"--{m.replace('_', '-')} / {env_prefix}{m.upper()}" for m in missing)
+        raise ConfigError(f"{cls.__name__}: missing required setting(s): {hint}")
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{cls.__name__}: {e}") from None
+
+
+def _file_settings(config_file, fields: dict, section: str | None) -> dict[str, Any]:
+    """This consumer's settings from the YAML file: its top-level keys, then its section over them."""
+    data = read_yaml(config_file)
+    ours: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in fields:
+            ours[key] = value
+        elif key in SECTIONS.values() or key in _known_keys():
+            continue  # a consumer's section (ours is read below), or another consumer's setting
+        else:
+            raise ConfigError(f"config file {config_file}: unknown setting {key!r} (no consumer has it)")
+    if section is not None and section in data:
+        sect = data[section] or {}
+        if not isinstance(sect, dict):
+            raise ConfigError(f"config file {config_file}: section {section!r} must be a mapping")
+        for key, value in sect.items():
+            if key not in fields:
+                raise ConfigError(f"config file {config_file}: unknown setting {section}.{key}")
+            ours[key] = value
+    return ours
+
+
+def _known_keys() -> set:
+    return {f.name for cls in SECTIONS for f in dataclasses.fields(cls)}
+
+
+# ---------------------------------------------------------------------------------------------------- consumers
+
+
+@dataclass
+class AgentConfig:
+    """Agent settings (flags > ``CASSANDRA_CDC_*`` environment > YAML ``agent:`` section > defaults)."""
+
+    cdc_raw: Path
+    store_url: str
+    cluster: str
+    node: str = field(default_factory=lambda: socket.gethostname())
+    storage_options: dict = field(default_factory=dict)
+    poll_interval: float = 1.0
+    state_dir: Path | None = None  # default: <cdc_raw>/../cassandra-cdc-agent (never inside cdc_raw)
+    ship_live_prefix: bool = False
+    cdc_total_space: int | None = field(default=None, metadata={"parse": parse_size})
+    warn_usage_fraction: float = 0.5
+    rate_window: float = 300.0  # seconds over which arrival and ship rates are compared
+    max_backoff: float = 60.0
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        self.cdc_raw = Path(self.cdc_raw)
+        if self.state_dir is None:
+            self.state_dir = self.cdc_raw.resolve().parent / "cassandra-cdc-agent"
+        self.state_dir = Path(self.state_dir)
+        Layout.area_prefix(Layout.INCOMING, self.cluster, self.node)  # validates both names (ConfigError)
+        if not self.poll_interval > 0:
+            raise ConfigError(f"poll_interval must be > 0, got {self.poll_interval}")
+        if not 0 < self.warn_usage_fraction <= 1:
+            raise ConfigError(f"warn_usage_fraction must be in (0, 1], got {self.warn_usage_fraction}")
+        if self.cdc_total_space is not None and self.cdc_total_space <= 0:
+            raise ConfigError(f"cdc_total_space must be > 0, got {self.cdc_total_space}")
+        if self.max_backoff < self.poll_interval:
+            self.max_backoff = self.poll_interval
+        try:
+            if self.state_dir.resolve().is_relative_to(self.cdc_raw.resolve()):
+                raise ConfigError(f"state_dir {self.state_dir} must not be inside cdc_raw {self.cdc_raw}")
+        except OSError:
+            pass
+
+
+@dataclass
+class PipelineConfig:
+    """Pipeline settings (section ``pipeline:``): the DAG builds one from its params and Airflow connections."""
+
+    store_url: str = "./cdc-data"              # local directory (embedded default) or s3://bucket/prefix
+    s3_endpoint_url: Optional[str] = None      # S3 endpoint (SeaweedFS, MinIO...); None: AWS / AWS_* env
+    s3_access_key: Optional[str] = None
+    s3_secret_key: Optional[str] = None
+    s3_region: str = "us-east-1"
+    s3_timeout_s: float = 30.0                 # connect/read timeout of one S3 request
+    cluster: str = "cluster1"
+    schema_source: str = "cql"                 # cql (schema_file) | driver (cassandra_hosts)
+    schema_file: Optional[str] = None          # CQL DDL with `ID = ...` table options (DESCRIBE output)
+    cassandra_hosts: list = field(default_factory=list)
+    cassandra_port: int = 9042
+    cassandra_username: Optional[str] = None
+    cassandra_password: Optional[str] = None
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    kafka_format: str = "json"                 # json | avro (Confluent wire format with schema_registry_url,
+                                               # Avro single-object encoding without)
+    topic_prefix: str = "cdc"
+    schema_registry_url: Optional[str] = None
+    kafka_partitions: int = 1
+    kafka_timeout_s: float = 30.0
+    kafka_tombstones: bool = False             # a Kafka tombstone after each delete (log compaction)
+    max_segments: int = 64                     # per batch
+    max_bytes: int = 256 * MiB                 # per batch (at least one segment is always taken)
+    spark_master: str = "local[2]"
+    spark_submit: bool = False                 # run the job with spark-submit instead of in-process
+    spark_submit_bin: str = "spark-submit"
+    staging_dir: Optional[str] = None          # where segments of a remote store are fetched to
+    now: Optional[int] = None                  # fixed processing time (seconds) for tests/demo; None: wall clock
+    sweep_interval_s: int = 300                # an empty run sweeps TTL expiries this long after the last batch
+    app_id: str = "cassandra-cdc"
+    kafka_conn_id: str = "cassandra_cdc_kafka"          # Airflow connections the DAG reads (see pipeline.airflow)
+    s3_conn_id: str = "cassandra_cdc_s3"
+    cassandra_conn_id: str = "cassandra_cdc_cassandra"
+
+    @classmethod
+    def from_mapping(cls, values: dict, source: str = "DAG params") -> "PipelineConfig":
+        """From ``values`` (DAG params, JSON) through ``load``: None and "" keep the default; a key that names no
+        setting is an error naming it."""
+        given = {k: (None if v == "" else v) for k, v in (values or {}).items()}
+        return load(cls, flags=given, env={}, flags_source=source)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["s3_secret_key"] = "***" if self.s3_secret_key else None
+        d["cassandra_password"] = "***" if self.cassandra_password else None
+        return d
+
+    @property
+    def remote(self) -> bool:
+        return "://" in self.store_url and not self.store_url.startswith("file://")
+
+    def fs_options(self) -> dict:
+        """fsspec/s3fs options for ``ObjectStore.from_url``."""
+        if not self.remote:
+            return {}
+        opts: dict = {}
+        if self.s3_access_key:
+            opts["key"] = self.s3_access_key
+        if self.s3_secret_key:
+            opts["secret"] = self.s3_secret_key
+        client = {"region_name": self.s3_region}
+        if self.s3_endpoint_url:
+            client["endpoint_url"] = self.s3_endpoint_url
+        opts["client_kwargs"] = client
+        opts["config_kwargs"] = {"connect_timeout": min(5.0, self.s3_timeout_s), "read_timeout": self.s3_timeout_s,
+                                 "retries": {"max_attempts": 2}}
+        return opts
+
+    def delta_options(self) -> dict:
+        """deltalake (object_store crate) ``storage_options``."""
+        if not self.remote:
+            return {}
+        opts = {"AWS_REGION": self.s3_region, "AWS_S3_ALLOW_UNSAFE_RENAME": "true",
+                "timeout": f"{int(max(1, self.s3_timeout_s))}s"}
+        if self.s3_endpoint_url:
+            opts["AWS_ENDPOINT_URL"] = self.s3_endpoint_url
+            if self.s3_endpoint_url.startswith("http://"):
+                opts["AWS_ALLOW_HTTP"] = "true"
+        if self.s3_access_key:
+            opts["AWS_ACCESS_KEY_ID"] = self.s3_access_key
+        if self.s3_secret_key:
+            opts["AWS_SECRET_ACCESS_KEY"] = self.s3_secret_key
+        return opts
+
+
+# Each consumer's YAML section; every key of every consumer is a known key for the others (one shared file).
+SECTIONS = {AgentConfig: "agent", PipelineConfig: "pipeline"}
+# CASSANDRA_CDC_ variables that are not settings of a consumer (read where they are used).
+OTHER_ENV = frozenset()

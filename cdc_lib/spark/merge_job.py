@@ -1,0 +1,487 @@
+"""Spark step of the pipeline: one batch of commit-log segments -> Delta state tables and the events outbox.
+
+Runs under ``spark-submit`` (the entry point ``spark_jobs/merge_batch.py``: ``spark-submit spark_jobs/merge_batch.py
+--segments a.log b.log --root /data/cdc --schema-file schema.cql --batch-id b-000042 --batch-seq 42 --now
+1763000000``) and in-process (``run_batch(local_session(), ...)``, local mode, the embedded default).
+
+Data path (nothing unbounded is collected to the driver):
+
+1. **Parse**, segments spread over tasks: the segment list is parallelised in consecutive slices (one per
+   segment, at most ``PARSE_TASKS_PER_CORE`` per core: a task has a fixed cost of ~0.1-0.3 s here) and
+   ``mapInArrow`` runs ``celllog.read_cell_log`` in the executor. Damaged or undecodable entries are written
+   to quarantine by the executor that found them (``storage.Layout.quarantined``, key
+   ``quarantined/<cluster>/<node>/<segment>.<position>.<kind>`` plus its ``.reason.json``; the key is
+   deterministic, so a retried task rewrites the same object); only a one-row summary per damage (key and
+   reason, not the bytes) flows on, so the driver can report them.
+2. **Group** by partition: ``repartitionByRange`` and ``sortWithinPartitions`` on ``GROUP_ORDER`` (keyspace,
+   table, table id, token, partition key: publish order), so each partition's records are contiguous in one
+   task, each task holds one key range and each chunk's prior-state read one token range. Partitions whose
+   TTLs run out in ``(prev_now, now]`` join as marker rows (their keys come from the state tables'
+   ``_cdc_next_expiry``: the driver holds that key list, bounded by the number of partitions expiring in the
+   window).
+3. **Reconcile**, ``mapInArrow`` again: per chunk of up to ``CHUNK_PARTITIONS`` partitions (a token range)
+   the executor reads the prior state of exactly those keys with deltalake (pinned to the table versions the
+   driver saw at the start, so every task and a recomputed task read the same state), runs
+   ``state.batch.process_partition`` (replica copies dropped there: the copy kept is the one with the smallest
+   source position, a choice Spark's ``dropDuplicates`` cannot make deterministically, and it saves a second
+   shuffle), and emits events (one row each, with their sort key) and state change rows (Arrow IPC blobs per
+   table and chunk: tables have different typed schemas), both in publish order within the task.
+4. **Write** from the driver, streaming: the tasks' events, concatenated in partition order, are already in
+   publish order (table order, token, partition key, index; no second sort); they come through
+   ``toLocalIterator`` (one Spark partition in memory at a time), get their ``seq`` and are appended to the
+   outbox in one Delta commit; then one more ``toLocalIterator`` pass brings the state blobs, table after
+   table, each table's change rows streaming into one deltalake MERGE. Memory on the driver: one Spark
+   partition of events or state blobs at a time, plus deltalake's own buffering of a commit.
+
+Small batches in local mode (``spark.master`` ``local[...]`` and segments totalling at most
+``spark.cdc.driverBatchMaxBytes``, default ``DRIVER_BATCH_MAX_BYTES``; 0 turns it off) run steps 1-3 in the
+driver process instead: the same parse and reconcile functions over the same key order, without the ~1 s a
+Spark job costs here (task launch, Arrow <-> JVM row conversion, shuffle) and the seconds the first jobs of a
+session spend starting Python workers. The outputs are the same either way: both paths feed the same
+functions the same partitions in the same order. ``LAST_TIMINGS`` holds the last run's seconds per stage.
+
+Atomicity and reruns: see ``cdc_lib.sinks.delta`` (each commit carries the app transaction ``(app_id, batch_seq)``;
+committed tables are skipped; the outbox first).
+"""
+from __future__ import annotations
+
+import io
+import itertools
+import logging
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import pyarrow as pa
+
+from cdc_lib.celllog.schema import CELL_LOG_SCHEMA
+from cdc_lib.sinks.delta import (OUTBOX_SCHEMA, DeltaRsStateStore, change_rows, merge_source_schema, outbox_row,
+                                 rows_to_arrow)
+from cdc_lib.state.batch import process_partition, table_order
+
+CHUNK_PARTITIONS = 20_000      # partitions per prior-state read in a reconcile task (bounds executor memory)
+# Small batches in local mode run steps 1-3 in the driver process (same functions, no task overhead):
+# segments totalling at most this many bytes; set the Spark conf to 0 to always use Spark tasks.
+DRIVER_BATCH_CONF = "spark.cdc.driverBatchMaxBytes"
+DRIVER_BATCH_MAX_BYTES = 32 << 20
+SWEEP_KIND = "_sweep"          # marker row: load and sweep this partition even without records
+REC_CELL, REC_DAMAGE = "cell", "damage"
+
+log = logging.getLogger(__name__)
+LAST_TIMINGS: dict = {}    # seconds per stage of the last ``run_batch`` in this process (benchmarks read it)
+
+
+@contextmanager
+def _timed(timings: dict, stage: str):
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[stage] = timings.get(stage, 0.0) + time.perf_counter() - t0
+
+PARSED_SCHEMA = pa.schema([pa.field(f.name, f.type) for f in CELL_LOG_SCHEMA] + [
+    pa.field("_record", pa.string()),
+    pa.field("_quarantine_key", pa.string()),
+    pa.field("_damage_reason", pa.string()),
+])
+
+OUT_SCHEMA = pa.schema([
+    pa.field("out_kind", pa.string()),          # event | state
+    pa.field("table_id", pa.string()),
+    pa.field("t_keyspace", pa.string()),
+    pa.field("t_name", pa.string()),
+    pa.field("token", pa.int64()),
+    pa.field("partition_key", pa.binary()),
+    pa.field("idx", pa.int32()),
+    pa.field("event_id", pa.string()),
+    pa.field("op", pa.string()),
+    pa.field("key_json", pa.string()),
+    pa.field("event_json", pa.string()),
+    pa.field("ts_us", pa.int64()),
+    pa.field("ts_ms", pa.int64()),
+    pa.field("payload", pa.binary()),           # state: Arrow IPC stream of change rows
+    pa.field("n_rows", pa.int64()),
+])
+GROUP_ORDER = ("keyspace", "table", "table_id", "token", "partition_key")      # cell log columns
+EVENT_ORDER = ("t_keyspace", "t_name", "table_id", "token", "partition_key", "idx")     # publish order
+EVENT_COLUMNS = ("event_id", "t_keyspace", "t_name", "op", "key_json", "event_json", "ts_us", "ts_ms")
+EVENT_SCHEMA = pa.schema([OUT_SCHEMA.field(c) for c in EVENT_COLUMNS])
+PARSE_TASKS_PER_CORE = 2
+OUTBOX_CHUNK = 10_000          # outbox rows per Arrow batch handed to the Delta writer
+
+
+@dataclass
+class BatchResult:
+    batch_id: str
+    batch_seq: int
+    segments: int
+    events: int = 0
+    outbox_written: bool = False
+    tables: dict = field(default_factory=dict)      # qualified name -> change rows merged
+    skipped_tables: list = field(default_factory=list)
+    damaged: list = field(default_factory=list)     # quarantine keys
+
+
+def _spark_schema(schema: pa.Schema):
+    from pyspark.sql.pandas.types import from_arrow_schema
+    return from_arrow_schema(pa.schema([pa.field(f.name, f.type, nullable=True) for f in schema]))
+
+
+# -------------------------------------------------------------------------------------------- executors
+
+def _parse_segments(schema, quarantine_url: str, quarantine_options: dict, cluster: str, batch_id: str):
+    """The ``mapInArrow`` function of step 1 (a closure shipped to executors)."""
+
+    def parse(batches):
+        from cdc_lib.celllog.reader import read_cell_log
+        from cdc_lib.storage.objects import ObjectStore
+        from cdc_lib.storage.quarantine import quarantine_damage
+        store = None
+        for b in batches:
+            for path in b.column("path").to_pylist():
+                damages = []
+                for cells in read_cell_log(path, schema, on_damage=damages.append):
+                    n = cells.num_rows
+                    cols = list(cells.columns) + [pa.array([REC_CELL] * n, pa.string()),
+                                                  pa.nulls(n, pa.string()), pa.nulls(n, pa.string())]
+                    yield pa.RecordBatch.from_arrays(cols, schema=PARSED_SCHEMA)
+                if not damages:
+                    continue
+                if store is None:
+                    store = ObjectStore.from_url(quarantine_url, **quarantine_options)
+                rows = []
+                for d in damages:
+                    key = quarantine_damage(store, cluster, d, source_path=path, batch_id=batch_id)
+                    rows.append({"segment": d.segment or "", "segment_id": 0, "position": d.position,
+                                 "entry_index": 0, "seq": 0, "table_id": "", "keyspace": "", "table": "",
+                                 "partition_key": b"", "token": 0, "clustering": b"", "is_static": False,
+                                 "kind": d.kind, "timestamp": 0, "ttl": 0, "local_deletion_time": 0,
+                                 "_record": REC_DAMAGE, "_quarantine_key": key, "_damage_reason": d.reason})
+                yield pa.RecordBatch.from_pylist(rows, schema=PARSED_SCHEMA)
+    return parse
+
+
+def _reconcile(schema, root: str, storage_options: dict, app_id: str, versions: dict, now: int,
+               prev_now: Optional[int], cluster: str):
+    """The ``mapInArrow`` function of step 3 (a closure shipped to executors)."""
+    import uuid
+
+    def flush(store, pending, out_rows):
+        # pending: [(table_id, partition_key, token, records)] in sorted order
+        by_table: dict = {}
+        for tid, pk, tok, recs in pending:
+            by_table.setdefault(tid, []).append((pk, tok, recs))
+        for tid, parts in by_table.items():
+            table = schema.get(uuid.UUID(tid))
+            prior = store.read_partitions(table, [pk for pk, _, _ in parts])
+            change = []
+            for pk, tok, recs in parts:
+                real = [r for r in recs if r["kind"] != SWEEP_KIND]
+                res = process_partition(table, pk, tok, real, prior.get(pk), now, prev_now=prev_now,
+                                        cluster=cluster)
+                ks, name = table_order(table)[:2]
+                for i, e in enumerate(res.events):
+                    row = outbox_row(table, e, "", 0, 0)
+                    out_rows.append({"out_kind": "event", "table_id": tid, "t_keyspace": ks, "t_name": name,
+                                     "token": tok, "partition_key": pk, "idx": i, "event_id": row["event_id"],
+                                     "op": row["op"], "key_json": row["key_json"],
+                                     "event_json": row["event_json"], "ts_us": row["ts_us"],
+                                     "ts_ms": row["ts_ms"]})
+                if res.changed:
+                    change += change_rows(table, pk, res.prior, res.state, now, 0, tok)
+            if change:
+                t = rows_to_arrow(table, change)
+                sink = io.BytesIO()
+                with pa.ipc.new_stream(sink, t.schema) as w:
+                    w.write_table(t)
+                out_rows.append({"out_kind": "state", "table_id": tid, "t_keyspace": table.keyspace,
+                                 "t_name": table.name, "payload": sink.getvalue(), "n_rows": t.num_rows})
+
+    def reconcile(batches):
+        store = DeltaRsStateStore(root, storage_options, app_id=app_id, versions=versions)
+        pending = []
+        current = None          # (table_id, partition_key)
+        recs: list = []
+        tok = 0
+        out_rows: list = []
+        for b in batches:
+            for r in b.to_pylist():
+                k = (r["table_id"], r["partition_key"])
+                if k != current:
+                    if current is not None:
+                        pending.append((current[0], current[1], tok, recs))
+                    current, recs, tok = k, [], r["token"]
+                    if len(pending) >= CHUNK_PARTITIONS:
+                        flush(store, pending, out_rows)
+                        pending = []
+                        yield pa.RecordBatch.from_pylist(out_rows, schema=OUT_SCHEMA)
+                        out_rows = []
+                recs.append(r)
+        if current is not None:
+            pending.append((current[0], current[1], tok, recs))
+        if pending:
+            flush(store, pending, out_rows)
+        if out_rows:
+            yield pa.RecordBatch.from_pylist(out_rows, schema=OUT_SCHEMA)
+    return reconcile
+
+
+# -------------------------------------------------------------------------------------------- driver
+
+def _user_tables(schema) -> list:
+    return sorted((t for t in schema.tables.values() if not t.keyspace.startswith("system")), key=table_order)
+
+
+def run_batch(spark, segment_paths, *, root: str, storage_options: Optional[dict] = None, schema=None,
+              schema_file: Optional[str] = None, batch_id: str, batch_seq: int, now: int,
+              prev_now: Optional[int] = None, cluster: str = "default", app_id: str = "cassandra-cdc",
+              quarantine_url: Optional[str] = None, quarantine_options: Optional[dict] = None,
+              fail_hook=None) -> BatchResult:
+    """Reconcile the cell log of ``segment_paths`` into the Delta state tables and the outbox under ``root``.
+
+    ``now`` (seconds) is the batch's processing time; ``prev_now`` the previous batch's, to sweep TTL expiries
+    in between. Safe to run again with the same arguments after any failure.
+    """
+    if schema is None:
+        if schema_file is None:
+            raise TypeError("run_batch needs schema or schema_file")
+        from cdc_lib.cql.schema_from_ddl import load_cql_schema
+        schema = load_cql_schema(Path(schema_file))
+    paths = [str(p) for p in segment_paths]
+    timings: dict = {}
+    LAST_TIMINGS.clear()
+    t_start = time.perf_counter()
+    result = BatchResult(batch_id, batch_seq, len(paths))
+    storage_options = dict(storage_options or {})
+    store = DeltaRsStateStore(root, storage_options, app_id=app_id, fail_hook=fail_hook)
+    tables = _user_tables(schema)
+    outbox_done = store.outbox_committed(batch_seq)
+    todo = [t for t in tables if not store.is_committed(t, batch_seq)]
+    result.skipped_tables = [t.qualified_name for t in tables if t not in todo]
+    if outbox_done and not todo:
+        return result
+    with _timed(timings, "prepare"):
+        versions = store.snapshot(tables)
+        marks = _sweep_marks(store, tables, now, prev_now)
+    parse = _parse_segments(schema, quarantine_url or root, dict(quarantine_options or {}), cluster, batch_id)
+    reconcile = _reconcile(schema, root, storage_options, app_id, versions, now, prev_now, cluster)
+    write = dict(store=store, result=result, todo=todo, outbox_done=outbox_done, batch_id=batch_id,
+                 batch_seq=batch_seq, storage_options=storage_options, timings=timings)
+    if _in_driver(spark, paths):
+        timings["mode"] = "driver"
+        result.damaged, events, states = _run_in_driver(paths, marks, parse=parse, reconcile=reconcile,
+                                                         timings=timings)
+        state_rows = zip(*(states.column(c).to_pylist() for c in ("table_id", "n_rows", "payload")))
+        _write_outputs(event_chunks=lambda: events.to_batches(max_chunksize=OUTBOX_CHUNK),
+                       state_rows=lambda: state_rows, **write)
+    else:
+        timings["mode"] = "spark"
+        _run_in_spark(spark, paths, marks, parse=parse, reconcile=reconcile, write=write)
+    timings["total"] = time.perf_counter() - t_start
+    LAST_TIMINGS.update({k: round(v, 3) if isinstance(v, float) else v for k, v in timings.items()})
+    log.info("merge_batch %s: %s", batch_id, LAST_TIMINGS)
+    return result
+
+
+def _sweep_marks(store, tables, now: int, prev_now: Optional[int]) -> list:
+    """Marker rows (cell-log columns) for the partitions whose TTLs run out in ``(prev_now, now]``."""
+    marks = []
+    if prev_now is None or now <= prev_now:
+        return marks
+    from cdc_lib.cql.tokens import token as murmur3_token
+    for t in tables:
+        for pk in store.expiring_keys(t, prev_now, now):
+            marks.append({"segment": "", "segment_id": 0, "position": 0, "entry_index": 0, "seq": 0,
+                          "table_id": str(t.id), "keyspace": t.keyspace, "table": t.name,
+                          "partition_key": pk, "token": murmur3_token(pk), "clustering": b"",
+                          "is_static": False, "kind": SWEEP_KIND, "timestamp": 0, "ttl": 0,
+                          "local_deletion_time": 0})
+    return marks
+
+
+def _run_in_spark(spark, paths: list, marks: list, *, parse, reconcile, write: dict) -> None:
+    """Steps 1-4 with the parsing and reconciling spread over Spark tasks (any batch size, any master)."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+    timings, result = write["timings"], write["result"]
+    # 1. parse: consecutive segments per task, at most PARSE_TASKS_PER_CORE tasks per core (a task costs
+    # ~0.1-0.3 s here). The path list is built in the JVM (range + array literal): a Python-RDD source would
+    # add a Python worker round trip to every task.
+    slices = max(1, min(len(paths), spark.sparkContext.defaultParallelism * PARSE_TASKS_PER_CORE))
+    if paths:
+        paths_df = spark.range(0, len(paths), 1, slices).select(
+            F.element_at(F.array(*[F.lit(p) for p in paths]), (F.col("id") + 1).cast("int")).alias("path"))
+    else:
+        paths_df = spark.createDataFrame([], "path string")
+    parsed = paths_df.mapInArrow(parse, _spark_schema(PARSED_SCHEMA))
+    parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        damaged = parsed.filter(F.col("_record") == REC_DAMAGE).select("_quarantine_key")
+        with _timed(timings, "parse"):      # one job (toLocalIterator would run one per segment)
+            result.damaged = [r[0] for r in damaged.collect()]
+        cells = parsed.filter(F.col("_record") == REC_CELL).drop("_record", "_quarantine_key", "_damage_reason")
+
+        # 2. group by partition (+ partitions with expiries to sweep)
+        if marks:
+            cell_schema = pa.schema([pa.field(f.name, f.type, nullable=True) for f in CELL_LOG_SCHEMA])
+            mdf = spark.createDataFrame(pa.Table.from_pylist(marks, schema=cell_schema).to_pandas(),
+                                        schema=_spark_schema(CELL_LOG_SCHEMA))
+            cells = cells.unionByName(mdf)
+        # Range-partitioned in publish order (table order, then token): each task holds whole partitions of
+        # one key range, each chunk's prior-state read covers one token range of a table, and the tasks' events,
+        # concatenated in partition order, are already in publish order (no second sort of the events).
+        grouped = cells.repartitionByRange(*GROUP_ORDER).sortWithinPartitions(*GROUP_ORDER)
+
+        # 3. reconcile in executors
+        out = grouped.mapInArrow(reconcile, _spark_schema(OUT_SCHEMA)).persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            with _timed(timings, "group_reconcile"):
+                out.count()
+            # 4. the outbox in publish order, then each state table
+            events = (out.filter(F.col("out_kind") == "event")
+                         .sortWithinPartitions(*EVENT_ORDER)      # already so; no shuffle, keeps it explicit
+                         .select(*EVENT_COLUMNS))
+
+            def event_chunks():
+                chunk = []
+                for r in events.toLocalIterator():
+                    chunk.append(r)
+                    if len(chunk) >= OUTBOX_CHUNK:
+                        yield pa.Table.from_pylist([x.asDict() for x in chunk], schema=EVENT_SCHEMA)
+                        chunk = []
+                if chunk:
+                    yield pa.Table.from_pylist([x.asDict() for x in chunk], schema=EVENT_SCHEMA)
+
+            # state blobs come out of the range-partitioned tasks in table order: one pass streams every table
+            states = (out.filter(F.col("out_kind") == "state")
+                         .sortWithinPartitions("t_keyspace", "t_name", "table_id")
+                         .select("table_id", "n_rows", "payload"))
+            _write_outputs(event_chunks=event_chunks,
+                           state_rows=lambda: (tuple(r) for r in states.toLocalIterator()), **write)
+        finally:
+            out.unpersist()
+    finally:
+        parsed.unpersist()
+
+
+def _write_outputs(*, store, result: BatchResult, todo: list, outbox_done: bool, batch_id: str, batch_seq: int,
+                   storage_options: dict, timings: dict, event_chunks, state_rows) -> None:
+    """Step 4: the outbox (events in publish order get their ``seq``) in one commit, then one MERGE per table.
+
+    ``event_chunks()``: Arrow batches/tables with ``EVENT_COLUMNS`` in publish order; ``state_rows()``: (table
+    id, change rows, Arrow IPC stream of them) with each table's rows together, tables in ``table_order``.
+    """
+    with _timed(timings, "outbox"):
+        if not outbox_done:
+            count = [0]
+
+            def outbox_batches():
+                for chunk in event_chunks():
+                    if chunk.num_rows:
+                        yield _outbox_batch(chunk, batch_id, batch_seq, count[0])
+                        count[0] += chunk.num_rows
+                if count[0] == 0:
+                    yield pa.RecordBatch.from_pylist([], schema=OUTBOX_SCHEMA)
+            result.outbox_written = store.write_outbox(
+                batch_seq, pa.RecordBatchReader.from_batches(OUTBOX_SCHEMA, outbox_batches()), batch_id)
+            result.events = count[0]
+        else:
+            import pyarrow.compute as pc
+            from deltalake import DeltaTable
+            result.events = DeltaTable(store.events_uri(), storage_options=storage_options or None) \
+                .to_pyarrow_dataset().count_rows(filter=pc.field("batch_id") == batch_id)
+    with _timed(timings, "state_merge"):
+        pending = {str(t.id): t for t in todo}
+        seen = set()
+        for tid, rows in itertools.groupby(state_rows(), key=lambda r: r[0]):
+            if tid in seen:     # the stream must hold each table's rows together; never merge a table twice
+                raise RuntimeError(f"merge_batch: state rows of table {tid} are not contiguous")
+            seen.add(tid)
+            t = pending.pop(tid, None)
+            if t is None:       # committed by an earlier run of this batch
+                for _ in rows:
+                    pass
+                continue
+            n = [0]
+
+            def state_batches(rows=rows, n=n):
+                for _, n_rows, payload in rows:
+                    n[0] += n_rows
+                    for b in pa.ipc.open_stream(payload):
+                        yield _with_batch_seq(b, batch_seq)
+            if store.commit(t, batch_seq, pa.RecordBatchReader.from_batches(merge_source_schema(t),
+                                                                             state_batches())):
+                result.tables[t.qualified_name] = int(n[0])
+
+
+def _outbox_batch(chunk, batch_id: str, batch_seq: int, first_seq: int) -> pa.RecordBatch:
+    """Outbox rows (``OUTBOX_SCHEMA``) of a chunk of events (``EVENT_SCHEMA``) whose first ``seq`` is given."""
+    n = chunk.num_rows
+    cols = [chunk.column(c) for c in EVENT_COLUMNS]
+    cols = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in cols]
+    return pa.RecordBatch.from_arrays(
+        [pa.array([batch_id] * n, pa.string()), pa.array([batch_seq] * n, pa.int64()),
+         pa.array(range(first_seq, first_seq + n), pa.int64())] + cols, schema=OUTBOX_SCHEMA)
+
+
+def _in_driver(spark, paths: list) -> bool:
+    """Whether this batch runs in the driver process: local master and segments totalling at most
+    ``spark.cdc.driverBatchMaxBytes`` (0 disables; segments that are not local files always go to Spark)."""
+    master = spark.sparkContext.master
+    if not master.startswith("local"):
+        return False
+    limit = int(spark.conf.get(DRIVER_BATCH_CONF, str(DRIVER_BATCH_MAX_BYTES)))
+    if limit <= 0:
+        return False
+    total = 0
+    for p in paths:
+        if not os.path.isfile(p):
+            return False
+        total += os.path.getsize(p)
+    return total <= limit
+
+
+def _run_in_driver(paths: list, marks: list, *, parse, reconcile, timings: dict):
+    """Steps 1-3 in this process with the same executor functions, for a small batch in local mode.
+
+    Returns (damage quarantine keys, events table sorted in publish order, state rows of ``OUT_SCHEMA``).
+    Memory: the batch's cell log (bounded by ``spark.cdc.driverBatchMaxBytes`` of segments) and its output.
+    """
+    import pyarrow.compute as pc
+    cell_names = [f.name for f in CELL_LOG_SCHEMA]
+    damaged, cells = [], []
+    with _timed(timings, "parse"):
+        for b in parse(iter([pa.RecordBatch.from_pydict({"path": paths}, schema=pa.schema([("path", pa.string())]))])):
+            is_damage = pc.equal(b.column("_record"), REC_DAMAGE)
+            if pc.any(is_damage).as_py():
+                damaged += b.filter(is_damage).column("_quarantine_key").to_pylist()
+                b = b.filter(pc.invert(is_damage))
+            if b.num_rows:
+                cells.append(pa.Table.from_batches([b]).select(cell_names))
+    with _timed(timings, "group"):
+        cell_schema = pa.schema([pa.field(f.name, f.type, nullable=True) for f in CELL_LOG_SCHEMA])
+        parts = [t.cast(cell_schema) for t in cells]
+        if marks:
+            parts.append(pa.Table.from_pylist(marks, schema=cell_schema))
+        table = pa.concat_tables(parts) if parts else cell_schema.empty_table()
+        del parts, cells[:]     # the sorted copy is all that is needed from here on
+        table = table.sort_by([(c, "ascending") for c in GROUP_ORDER])
+    with _timed(timings, "reconcile"):
+        out = pa.Table.from_batches(list(reconcile(iter(table.to_batches()))), schema=OUT_SCHEMA)
+    with _timed(timings, "sort_events"):
+        kind = out.column("out_kind")
+        events = out.filter(pc.equal(kind, "event")).sort_by(
+            [(c, "ascending") for c in EVENT_ORDER]).select(list(EVENT_COLUMNS))
+        states = out.filter(pc.equal(kind, "state"))
+    return damaged, events, states
+
+
+def _with_batch_seq(b: pa.RecordBatch, batch_seq: int) -> pa.RecordBatch:
+    """Executors do not know the batch number: stamp ``_cdc_updated_batch`` (kept null on delete markers)."""
+    i = b.schema.get_field_index("_cdc_updated_batch")
+    import pyarrow.compute as pc
+    col = pc.if_else(b.column("_cdc_delete"), pa.scalar(None, pa.int64()), pa.scalar(batch_seq, pa.int64()))
+    return b.set_column(i, b.schema.field(i), col)

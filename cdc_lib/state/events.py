@@ -1,0 +1,354 @@
+"""Change events: what consumers see when a row's visible state changes.
+
+``apply_batch(table, states, records, now)`` joins a batch of cell-log records of one table into the states
+of the affected partitions (``states``: {partition key bytes: ``state.reconcile.PartitionState``}, changed in place;
+missing keys start empty) and returns the change events, in the order they must be published.
+``expiry_sweep(table, states, now_before, now)`` returns the events of rows whose TTL ran out in
+``(now_before, now]``.
+
+Event (a plain dict; values are the Python values of ``cdc_lib.cql.types``, counters as their totals)::
+
+    {"id": str, "op": "c" | "u" | "d", "key": {primary key column: value},
+     "before": row | None, "after": row | None, "changed": [column, ...],
+     "source": {"cluster", "node", "keyspace", "table", "segment", "position", "ts_us", "expired",
+                "connector": "cassandra-cdc"},
+     "ts_ms": int}
+
+Rules:
+
+* A row is a CQL row as ``SELECT *`` shows it (see ``reconcile``): keyed by partition key and clustering; its
+  full image (``before``/``after``) carries every column, static columns included. A partition with live
+  static data and no visible clustering row shows one row whose clustering columns are null; that row is
+  created, updated and deleted like any other (it is deleted when the first clustering row appears, and comes
+  back when the last one goes). A static column change therefore emits an update for every visible row of
+  the partition.
+* An event is emitted only when a row's visible state changes (``before != after``). ``changed`` lists the
+  columns whose value differs between ``before`` and ``after`` (a missing image counts as all null; key
+  columns are included for creates and deletes).
+* Order: records are grouped by partition and applied in write-timestamp order (ties: segment id, segment,
+  position, entry index, seq), all records with the same timestamp together as one *write*. After each
+  write, the rows it may have touched are compared with what consumers last saw; each changed row yields
+  one event, rows in clustering order (the static-only row first). A late write that still changes the row
+  yields an update whose ``before`` is the row as consumers last saw it, so for every key each event's
+  ``before`` is the previous event's ``after``.
+* ``source.ts_us`` is the write's timestamp (for deletions, the tombstone's); ``segment``/``position`` are
+  those of the write's last record. Expiry events have ``expired: True``, ``ts_us`` = the expiry time and no
+  segment/position.
+* ``id`` is a hash of the table id, the partition key, the row key, ``op``, ``ts_us`` and the row's resulting
+  state (its cells and tombstones with their timestamps, its static row, the deletions covering it, and which
+  of its cells are live): republishing the same change gives the same id; two different changes never do.
+* ``ts_ms`` is the caller's processing time (``now`` in ms unless ``ts_ms`` is given): nothing here reads the
+  clock.
+
+Contract on ``now``: consumers must have seen every partition as it was visible at ``now`` before
+``apply_batch(..., now)`` runs, i.e. the expiry sweep up to ``now`` has run first (``process`` does both).
+``now`` must not decrease from one call to the next. Under that contract a consumer that applies the events
+in order holds exactly ``state.reconcile.visible_rows`` of every partition (``replay`` does that, for tests).
+
+Other entry points: ``snapshot_events`` (``r`` events of every visible row, for a backfill),
+``partition_next_expiry`` (a partition's next TTL expiry, so a store can sweep only what can expire).
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Iterable, Optional
+
+from cdc_lib.celllog.schema import KIND_PARTITION_DELETION, KIND_RANGE_TOMBSTONE
+
+from .reconcile import (ALL_ROWS, STATIC_KEY, PartitionState, StateError, _apply_record, _info, _row_shadow_ts,
+                        _typed_row, clustering_sort_key, partition_images)
+
+CONNECTOR = "cassandra-cdc"
+OP_CREATE, OP_UPDATE, OP_DELETE, OP_READ = "c", "u", "d", "r"
+
+
+def _record_order(rec) -> tuple:
+    return (rec["timestamp"], rec.get("segment_id") or 0, rec.get("segment") or "", rec.get("position") or 0,
+            rec.get("entry_index") or 0, rec.get("seq") or 0)
+
+
+class _Emitter:
+    """Builds event dicts for one table."""
+
+    def __init__(self, table, cluster: str, node: str, ts_ms: int):
+        self.table = table
+        self.cluster = cluster
+        self.node = node
+        self.ts_ms = ts_ms
+        self.sort_key = clustering_sort_key(table) if table.clustering else None
+        info = self.info = _info(table)     # per-table facts, computed once per table, not per partition
+        self.table_id = info.table_id
+        self.change_plan = info.change_plan
+        self.key_names = info.key_names
+
+    def ordered(self, keys) -> list:
+        keys = list(keys)
+        if len(keys) == 1:
+            return keys
+        static = [k for k in keys if k is STATIC_KEY]
+        rest = [k for k in keys if k is not STATIC_KEY]
+        if self.sort_key is not None and len(rest) > 1:
+            rest.sort(key=self.sort_key)
+        return static + rest
+
+    def diff(self, pk: bytes, part: PartitionState, before: dict, after: dict, now: int, ts_us: int,
+             segment, position, expired: bool, op: Optional[str] = None) -> list:
+        out = []
+        for key in self.ordered(set(before) | set(after)):
+            b = before.get(key)
+            a = after.get(key)
+            if a == b:
+                continue
+            out.append(self.event(pk, part, key, b, a, now, ts_us, segment, position, expired, op))
+        return out
+
+    def event(self, pk, part, key, b_img, a_img, now, ts_us, segment, position, expired, op=None) -> dict:
+        table = self.table
+        info = self.info
+        if op is None:
+            op = OP_CREATE if b_img is None else (OP_DELETE if a_img is None else OP_UPDATE)
+        before = None if b_img is None else _typed_row(info, table, pk, key, b_img)
+        after = None if a_img is None else _typed_row(info, table, pk, key, a_img)
+        changed = _changed_columns(self.change_plan, b_img, a_img)
+        ref = after if after is not None else before
+        key_values = {name: ref[name] for name in self.key_names}
+        eid = _event_id(table, pk, key, op, ts_us, expired, part, a_img, self.table_id)
+        return {
+            "id": eid, "op": op, "key": key_values, "before": before, "after": after, "changed": changed,
+            "source": {"cluster": self.cluster, "node": self.node, "keyspace": table.keyspace,
+                       "table": table.name, "segment": segment, "position": position, "ts_us": ts_us,
+                       "expired": expired, "connector": CONNECTOR},
+            "ts_ms": self.ts_ms,
+        }
+
+
+def _changed_columns(plan: list, b_img, a_img) -> list:
+    """The columns whose value differs between two images (key columns for creates and deletes), in
+    ``table.columns`` order; ``plan`` is the table's columns classified once (``_Emitter.change_plan``)."""
+    out = []
+    b_static, b_row = b_img if b_img is not None else (None, None)
+    a_static, a_row = a_img if a_img is not None else (None, None)
+    creates_or_deletes = b_img is None or a_img is None
+    for name, kind in plan:
+        if kind == 0:
+            if creates_or_deletes:
+                out.append(name)
+            continue
+        if kind == 1:
+            x = None if b_static is None else b_static.get(name)
+            y = None if a_static is None else a_static.get(name)
+        else:
+            x = None if b_row is None else b_row.get(name)
+            y = None if a_row is None else a_row.get(name)
+        if x != y:
+            out.append(name)
+    return out
+
+
+def _row_state_repr(row) -> tuple:
+    if row is None:
+        return ()
+    return (row.liveness, row.deletion, row.shadowable, tuple(sorted(row.cells.items())),
+            tuple(sorted((c, d, tuple(sorted(cells.items()))) for c, (d, cells) in row.complex.items())))
+
+
+def _event_id(table, pk: bytes, key, op: str, ts_us: int, expired: bool, part: PartitionState, a_img,
+              table_id: Optional[str] = None) -> str:
+    """Hash of the table, key, op, write time and the row's resulting state (see the module docstring)."""
+    h = hashlib.sha256()
+    h.update(repr((str(table.id) if table_id is None else table_id, pk, key, op, ts_us, expired)).encode())
+    h.update(repr(_row_state_repr(part.static)).encode())
+    h.update(repr(part.deletion).encode())
+    if key is not STATIC_KEY:
+        row = part.rows.get(key)
+        h.update(repr(_row_state_repr(row)).encode())
+        h.update(repr(_row_shadow_ts(table, part, key, None)).encode())
+    else:
+        # the static-only row exists or not depending on the partition's clustering rows
+        h.update(repr(sorted((k, _row_state_repr(r)) for k, r in part.rows.items())).encode())
+    if a_img is not None:
+        h.update(repr(tuple(None if img is None else sorted(img.items()) for img in a_img)).encode())
+    return h.hexdigest()[:32]
+
+
+def _scope(table, part: PartitionState, rec):
+    """Which rows a record can change: ALL_ROWS or one clustering key (before applying it)."""
+    kind = rec["kind"]
+    if kind == KIND_PARTITION_DELETION or kind == KIND_RANGE_TOMBSTONE or rec["is_static"]:
+        return ALL_ROWS
+    return rec["clustering"] or b""
+
+
+def apply_batch(table, states: dict, records: Iterable, now: int, *, cluster: str = "", node: str = "",
+                ts_ms: Optional[int] = None) -> list:
+    """Join ``records`` (cell-log dicts of one table) into ``states`` and return the change events."""
+    emitter = _Emitter(table, cluster, node, now * 1000 if ts_ms is None else ts_ms)
+    info = emitter.info
+    by_key: dict = {}
+    table_id = emitter.table_id
+    for rec in records:
+        rid = rec.get("table_id")
+        if rid is not None and rid != table_id:
+            raise StateError(f"record of table {rid} in a batch for {table.qualified_name} ({table_id})")
+        recs = by_key.get(rec["partition_key"])
+        if recs is None:
+            by_key[rec["partition_key"]] = [rec]
+        else:
+            recs.append(rec)
+    events = []
+    for pk, recs in by_key.items():
+        part = states.get(pk)
+        if part is None:
+            part = states[pk] = PartitionState()
+        if len(recs) > 1:
+            recs.sort(key=_record_order)
+        i = 0
+        n = len(recs)
+        while i < n:
+            ts = recs[i]["timestamp"]
+            j = i
+            while j < n and recs[j]["timestamp"] == ts:
+                j += 1
+            group = recs[i:j]
+            i = j
+            scope = set()
+            whole = False
+            for rec in group:
+                s = _scope(table, part, rec)
+                if s is ALL_ROWS:
+                    whole = True
+                    break
+                scope.add(s)
+            if whole:
+                only = None
+                before = partition_images(table, part, now, None)
+            else:
+                # Most writes change nothing (replica copies, losing late writes): apply them to copies of
+                # the rows in scope and compute the "before" images only when something changed.
+                only = scope
+                saved = {ck: part.rows.get(ck) for ck in scope}
+                for ck, row in saved.items():
+                    if row is not None:
+                        part.rows[ck] = row.copy()
+            changed = False
+            for rec in group:
+                if _apply_record(info, table, part, rec) is not None:
+                    changed = True
+            if not changed:
+                continue
+            if not whole:
+                current = {ck: part.rows.get(ck) for ck in scope}
+                _swap_rows(part, saved)
+                before = partition_images(table, part, now, only)
+                _swap_rows(part, current)
+            after = partition_images(table, part, now, only)
+            last = group[-1]
+            events += emitter.diff(pk, part, before, after, now, ts, last.get("segment"), last.get("position"),
+                                   False)
+    return events
+
+
+def _swap_rows(part: PartitionState, rows: dict) -> None:
+    for ck, row in rows.items():
+        if row is None:
+            part.rows.pop(ck, None)
+        else:
+            part.rows[ck] = row
+
+
+def snapshot_events(table, states: dict, now: int, *, cluster: str = "", node: str = "",
+                    ts_ms: Optional[int] = None) -> list:
+    """``r`` (read) events for every visible row of ``states`` at ``now``: a backfill of the current table."""
+    emitter = _Emitter(table, cluster, node, now * 1000 if ts_ms is None else ts_ms)
+    events = []
+    for pk, part in states.items():
+        events += emitter.diff(pk, part, {}, partition_images(table, part, now), now, 0, None, None, False,
+                               OP_READ)
+    return events
+
+
+def _expiries(row, lo: int, hi: int, acc: set) -> None:
+    lv = row.liveness
+    if lv is not None and lv[1] and lo < lv[2] <= hi:
+        acc.add(lv[2])
+    for c in row.cells.values():
+        if c[1] and not c[3] and lo < c[2] <= hi:
+            acc.add(c[2])
+    for _, cells in row.complex.values():
+        for c in cells.values():
+            if c[1] and not c[3] and lo < c[2] <= hi:
+                acc.add(c[2])
+
+
+def partition_next_expiry(part: PartitionState, after: int) -> Optional[int]:
+    """The earliest expiry time (seconds) after ``after`` of any expiring cell or liveness, or None.
+
+    A store can keep it per partition to sweep only partitions with something to expire.
+    """
+    acc: set = set()
+    _expiries(part.static, after, 1 << 62, acc)
+    for row in part.rows.values():
+        _expiries(row, after, 1 << 62, acc)
+    return min(acc) if acc else None
+
+
+def expiry_sweep(table, states: dict, now_before: int, now: int, *, cluster: str = "", node: str = "",
+                 ts_ms: Optional[int] = None) -> list:
+    """Events for rows whose visible state changed because TTLs expired in ``(now_before, now]``.
+
+    Each distinct expiry time yields its own events, in time order, so a row whose cells expire at
+    different times shows each step. ``source.expired`` is True and ``source.ts_us`` the expiry time.
+    """
+    emitter = _Emitter(table, cluster, node, now * 1000 if ts_ms is None else ts_ms)
+    events = []
+    if now <= now_before:
+        return events
+    for pk, part in states.items():
+        static_times: set = set()
+        _expiries(part.static, now_before, now, static_times)
+        times = set(static_times)
+        row_times: dict = {}
+        for ck, row in part.rows.items():
+            acc: set = set()
+            _expiries(row, now_before, now, acc)
+            if acc:
+                row_times[ck] = acc
+                times |= acc
+        if not times:
+            continue
+        t_prev = now_before
+        for t in sorted(times):
+            if t in static_times:
+                only = None
+            else:
+                only = {ck for ck, acc in row_times.items() if t in acc}
+            before = partition_images(table, part, t_prev, only)
+            after = partition_images(table, part, t, only)
+            events += emitter.diff(pk, part, before, after, t, t * 1_000_000, None, None, True)
+            t_prev = t
+    return events
+
+
+def process(table, states: dict, records: Iterable, now: int, prev_now: Optional[int] = None, **kw) -> list:
+    """The expiry sweep over ``states`` for ``(prev_now, now]`` (when ``prev_now`` is given), then the batch.
+
+    ``states`` must then hold every partition of the table whose rows can expire in the window (a caller that
+    loads only the batch's partitions runs ``expiry_sweep`` over the others itself).
+    """
+    events = []
+    if prev_now is not None:
+        events += expiry_sweep(table, states, prev_now, now, **kw)
+    events += apply_batch(table, states, records, now, **kw)
+    return events
+
+
+def replay(table, events: Iterable) -> dict:
+    """The table a consumer holds after applying ``events`` in order: {(pk tuple, ck tuple): after row}."""
+    out = {}
+    for e in events:
+        k = tuple(sorted((c, repr(v)) for c, v in e["key"].items()))
+        if e["after"] is None:
+            out.pop(k, None)
+        else:
+            out[k] = e["after"]
+    return out

@@ -1,0 +1,146 @@
+"""The one key layout every component uses (relative to the store's root).
+
+``<segment>`` is the Cassandra file name ``CommitLog-<v>-<id>.log``::
+
+    incoming/<cluster>/<node>/<segment>                    completed segments shipped by the agent
+    incoming-live/<cluster>/<node>/<segment>/<start>-<end> synced bytes [start, end) of a live segment (12-digit
+                                                           zero-padded file offsets; the chunks of one segment
+                                                           concatenate to its synced prefix). The pipeline removes
+                                                           them once it has processed incoming/.../<segment>.
+    archived/<cluster>/<node>/<segment>                    processed segments (moved from incoming/)
+    quarantined/<cluster>/<node>/<name>                    segments kept aside, with <key>.reason.json
+    checkpoints/<name>.json                                pipeline checkpoints
+    ledger/<batch_id>.json                                 the pipeline's batch ledger
+    outbox/<name>                                          events waiting to be published
+    delta/state/<keyspace>.<table>                         Delta table: current state of one CDC table
+    delta/events                                           Delta table: the change events
+
+Keys are deterministic (cluster / node / segment file name), so shipping the same segment twice writes the same
+object with the same bytes, and the pipeline can deduplicate on the key.
+"""
+from __future__ import annotations
+
+import re
+
+from cdc_lib.errors import ConfigError, FormatError, StorageError
+
+CHECKSUM_SUFFIX = ".sha256"
+REASON_SUFFIX = ".reason.json"
+_SEGMENT_NAME_RE = re.compile(r"^CommitLog-(\d+)-(\d+)\.log$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def parse_segment_name(name: str) -> tuple[int, int]:
+    """``CommitLog-<version>-<id>.log`` -> (version, id). Anything else raises FormatError naming the file."""
+    m = _SEGMENT_NAME_RE.match(name)
+    if not m:
+        raise FormatError("not a commit log segment name (expected CommitLog-<version>-<id>.log)", name)
+    return int(m.group(1)), int(m.group(2))
+
+
+def _check_name(what: str, value: str) -> str:
+    if not isinstance(value, str) or not _NAME_RE.match(value) or ".." in value:
+        raise ConfigError(f"{what} {value!r} must be letters, digits, '.', '_' or '-' (no '/', no '..')")
+    return value
+
+
+def _check_key(key: str) -> str:
+    if not key or key.startswith("/") or key.endswith("/") or "\\" in key:
+        raise StorageError(f"bad object key {key!r}")
+    if any(part in ("", ".", "..") for part in key.split("/")):
+        raise StorageError(f"bad object key {key!r}")
+    return key
+
+
+class Layout:
+    """The one documented key layout (see the module docstring). Methods return keys relative to the root."""
+
+    INCOMING = "incoming"
+    LIVE = "incoming-live"
+    ARCHIVED = "archived"
+    QUARANTINED = "quarantined"
+    CHECKPOINTS = "checkpoints"
+    LEDGER = "ledger"
+    OUTBOX = "outbox"
+    DELTA = "delta"
+
+    @staticmethod
+    def _segment_key(area: str, cluster: str, node: str, segment_name: str) -> str:
+        parse_segment_name(segment_name)
+        return f"{area}/{_check_name('cluster', cluster)}/{_check_name('node', node)}/{segment_name}"
+
+    @classmethod
+    def incoming(cls, cluster: str, node: str, segment_name: str) -> str:
+        return cls._segment_key(cls.INCOMING, cluster, node, segment_name)
+
+    @classmethod
+    def archived(cls, cluster: str, node: str, segment_name: str) -> str:
+        return cls._segment_key(cls.ARCHIVED, cluster, node, segment_name)
+
+    @classmethod
+    def quarantined(cls, cluster: str, node: str, name: str) -> str:
+        """Quarantine key; ``name`` is usually the segment name, possibly with a suffix that keeps it unique."""
+        _check_name("quarantined name", name)
+        return f"{cls.QUARANTINED}/{_check_name('cluster', cluster)}/{_check_name('node', node)}/{name}"
+
+    @staticmethod
+    def reason(key: str) -> str:
+        """The JSON sidecar saying why ``key`` was quarantined."""
+        return _check_key(key) + REASON_SUFFIX
+
+    @classmethod
+    def live_prefix(cls, cluster: str, node: str, segment_name: str) -> str:
+        return cls._segment_key(cls.LIVE, cluster, node, segment_name) + "/"
+
+    @classmethod
+    def live_chunk(cls, cluster: str, node: str, segment_name: str, start: int, end: int) -> str:
+        """Bytes [start, end) of a live segment's synced prefix (file offsets)."""
+        if not 0 <= start < end:
+            raise StorageError(f"bad live chunk range [{start}, {end})")
+        return f"{cls.live_prefix(cluster, node, segment_name)}{start:012d}-{end:012d}"
+
+    @staticmethod
+    def parse_live_chunk(key: str) -> tuple[int, int]:
+        """(start, end) from a live chunk key."""
+        m = re.search(r"/(\d{12,})-(\d{12,})$", key)
+        if not m:
+            raise FormatError("not a live chunk key", key)
+        return int(m.group(1)), int(m.group(2))
+
+    @classmethod
+    def area_prefix(cls, area: str, cluster: str | None = None, node: str | None = None) -> str:
+        """``incoming/``, ``incoming/<cluster>/`` or ``incoming/<cluster>/<node>/`` (same for other areas)."""
+        parts = [area]
+        if cluster is not None:
+            parts.append(_check_name("cluster", cluster))
+            if node is not None:
+                parts.append(_check_name("node", node))
+        return "/".join(parts) + "/"
+
+    @classmethod
+    def parse_segment_key(cls, key: str) -> tuple[str, str, str, str]:
+        """(area, cluster, node, segment_name) of an incoming/archived/quarantined segment key."""
+        parts = key.split("/")
+        if len(parts) != 4 or parts[0] not in (cls.INCOMING, cls.ARCHIVED, cls.QUARANTINED):
+            raise FormatError("not a segment key (<area>/<cluster>/<node>/<segment>)", key)
+        return parts[0], parts[1], parts[2], parts[3]
+
+    @classmethod
+    def checkpoint(cls, name: str) -> str:
+        return f"{cls.CHECKPOINTS}/{_check_name('checkpoint', name)}.json"
+
+    @classmethod
+    def ledger(cls, batch_id: str) -> str:
+        return f"{cls.LEDGER}/{_check_name('batch id', batch_id)}.json"
+
+    @classmethod
+    def outbox(cls, name: str) -> str:
+        return f"{cls.OUTBOX}/{_check_name('outbox name', name)}"
+
+    @classmethod
+    def state_table(cls, keyspace: str, table: str) -> str:
+        return f"{cls.DELTA}/state/{_check_name('keyspace', keyspace)}.{_check_name('table', table)}"
+
+    @classmethod
+    def events_table(cls) -> str:
+        return f"{cls.DELTA}/events"

@@ -1,0 +1,436 @@
+"""Object storage: one typed store over fsspec (``ObjectStore``).
+
+Stores, by URL: a local directory (``/data/cdc`` or ``file:///data/cdc``, the embedded default), S3 in production
+(``s3://bucket/prefix``; endpoint and credentials from storage options such as ``endpoint_url``, ``key``,
+``secret``, or the usual ``AWS_*`` environment variables, ``AWS_ENDPOINT_URL`` included), ``memory://name`` for
+tests, and any other fsspec URL.
+
+Integrity: an object written with a checksum gets a sidecar ``<key>.sha256`` (``sha256sum`` format, so
+``sha256sum -c`` works on a local copy). The sidecar is written **last** and removed **first**, so an object is
+*complete* exactly when its sidecar exists; readers ignore objects without one (they are uploads cut short).
+Every checksummed write is verified after upload (size, and content by re-reading it or by the server's MD5 ETag).
+
+Keys follow the one layout of ``layout.Layout``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Iterator
+
+from cdc_lib.errors import ConfigError, ObjectNotFound, StorageError, VerificationError
+
+from .layout import CHECKSUM_SUFFIX, Layout, _check_key
+
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """What the store knows of one object. ``checksum`` is the sidecar's sha256 hex, None when there is none."""
+
+    key: str
+    size: int
+    checksum: str | None = None
+
+
+def sha256_file(path: str | Path) -> tuple[str, int]:
+    """(sha256 hex, size) of a local file, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+    return h.hexdigest(), size
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _is_hidden_name(name: str) -> bool:
+    """Sidecars and in-flight temporaries are not objects of their own."""
+    return name.endswith(CHECKSUM_SUFFIX) or (name.startswith(".") and name.endswith(".tmp"))
+
+
+class ObjectStore:
+    """A thin typed wrapper over an fsspec filesystem rooted at a URL. Keys are ``/``-separated, relative."""
+
+    def __init__(self, fs: Any, root: str, url: str, *, local: bool):
+        self.fs = fs
+        self.root = root.rstrip("/") if root != "/" else root
+        self.url = url
+        self.local = local
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_url(cls, url: str, **storage_options: Any) -> "ObjectStore":
+        """Open the store at ``url``. Options go to the fsspec filesystem (s3fs: endpoint_url, key, secret...)."""
+        if not url:
+            raise ConfigError("store URL is empty")
+        if "://" not in url or url.startswith("file://"):
+            path = url[len("file://"):] if url.startswith("file://") else url
+            root = os.path.abspath(os.path.expanduser(path))
+            try:
+                os.makedirs(root, exist_ok=True)
+            except OSError as e:
+                raise ConfigError(f"cannot create store directory {root}: {e}") from None
+            import fsspec
+
+            return cls(fsspec.filesystem("file"), root, "file://" + root, local=True)
+        import fsspec.core
+
+        try:
+            fs, root = fsspec.core.url_to_fs(url, **storage_options)
+        except (ImportError, ValueError, TypeError) as e:
+            raise ConfigError(f"cannot open store {url!r}: {e}") from None
+        protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
+        if protocol == "memory" and not root.startswith("/"):
+            root = "/" + root
+        return cls(fs, root or "", url.rstrip("/"), local=False)
+
+    # ------------------------------------------------------------------ paths
+    def _path(self, key: str) -> str:
+        _check_key(key)
+        if self.local:
+            return os.path.join(self.root, *key.split("/"))
+        return f"{self.root}/{key}" if self.root else key
+
+    def url_for(self, key: str = "") -> str:
+        """A URL other tools (Delta, Spark) can open for ``key``; the store root when ``key`` is empty."""
+        if not key:
+            return self.url
+        return f"{self.url}/{_check_key(key)}"
+
+    def _key_of(self, path: str) -> str:
+        if self.local:
+            rel = os.path.relpath(path, self.root)
+            return rel.replace(os.sep, "/")
+        path = path.lstrip("/") if not self.root.startswith("/") else path
+        root = self.root.lstrip("/") if not self.root.startswith("/") else self.root
+        return path[len(root):].lstrip("/") if root else path
+
+    def _invalidate(self, path: str | None = None) -> None:
+        # Listings and infos are cached per process by fsspec; another process (agent vs pipeline) writes too.
+        if not self.local:
+            try:
+                self.fs.invalidate_cache(path)
+            except Exception:  # noqa: BLE001 - caching is an optimisation; never fail an operation on it
+                pass
+
+    # ------------------------------------------------------------------ low-level writes
+    def _write_atomic_local(self, key: str, chunks: Iterator[bytes]) -> tuple[str, str, int]:
+        """Write chunks to a temporary file beside the target, fsync, rename. Returns (sha256, md5, size)."""
+        dst = self._path(key)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        tmp = os.path.join(os.path.dirname(dst), f".{os.path.basename(dst)}.{uuid.uuid4().hex}.tmp")
+        sha, md5, size = hashlib.sha256(), hashlib.md5(usedforsecurity=False), 0
+        try:
+            with open(tmp, "wb") as f:
+                for chunk in chunks:
+                    f.write(chunk)
+                    sha.update(chunk)
+                    md5.update(chunk)
+                    size += len(chunk)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, dst)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        _fsync_dir(os.path.dirname(dst))
+        return sha.hexdigest(), md5.hexdigest(), size
+
+    def _write(self, key: str, chunks: Iterator[bytes]) -> tuple[str, str, int]:
+        """Write an object (atomic on local and S3: S3 publishes an object only when its PUT completes)."""
+        if self.local:
+            return self._write_atomic_local(key, chunks)
+        path = self._path(key)
+        sha, md5, size = hashlib.sha256(), hashlib.md5(usedforsecurity=False), 0
+        with self.fs.open(path, "wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
+                sha.update(chunk)
+                md5.update(chunk)
+                size += len(chunk)
+        self._invalidate(path)
+        return sha.hexdigest(), md5.hexdigest(), size
+
+    def _write_sidecar(self, key: str, checksum: str) -> None:
+        line = f"{checksum}  {key.rsplit('/', 1)[-1]}\n".encode()
+        self._write(key + CHECKSUM_SUFFIX, iter([line]))
+
+    def _read_sidecar(self, key: str) -> str | None:
+        try:
+            text = self._read_all(key + CHECKSUM_SUFFIX).decode("ascii", "replace")
+        except ObjectNotFound:
+            return None
+        value = text.split()[0].lower() if text.split() else ""
+        if not re.fullmatch(r"[0-9a-f]{64}", value):
+            raise VerificationError(f"{self.url_for(key + CHECKSUM_SUFFIX)}: not a sha256 sidecar")
+        return value
+
+    def _read_all(self, key: str) -> bytes:
+        path = self._path(key)
+        try:
+            if self.local:
+                with open(path, "rb") as f:
+                    return f.read()
+            self._invalidate(path)
+            return self.fs.cat_file(path)
+        except FileNotFoundError:
+            raise ObjectNotFound(f"no object {self.url_for(key)}") from None
+
+    def _remote_sha256(self, key: str) -> str:
+        h = hashlib.sha256()
+        with self.open(key) as f:
+            while chunk := f.read(_CHUNK):
+                h.update(chunk)
+        return h.hexdigest()
+
+    def _etag(self, key: str) -> str | None:
+        if self.local:
+            return None
+        try:
+            raw = self.fs.info(self._path(key)).get("ETag")
+        except FileNotFoundError:
+            return None
+        return raw.strip('"').lower() if isinstance(raw, str) else None
+
+    # ------------------------------------------------------------------ public API
+    def put_file(self, local_path: str | Path, key: str, *, checksum: str) -> ObjectInfo:
+        """Upload a local file as ``key`` with its sha256 ``checksum``, then verify it in the store.
+
+        Raises VerificationError if the local bytes do not hash to ``checksum`` (the file changed since it was
+        hashed) or if the stored object does not match; the sidecar is written only after the data is verified.
+        """
+        checksum = checksum.lower()
+
+        def chunks() -> Iterator[bytes]:
+            with open(local_path, "rb") as f:
+                while chunk := f.read(_CHUNK):
+                    yield chunk
+
+        return self._put(key, chunks(), checksum, what=str(local_path))
+
+    def put_bytes(self, key: str, data: bytes, *, checksum: str | None = None) -> ObjectInfo:
+        """Store ``data`` as ``key``. With ``checksum`` (sha256 hex), verify and write the sidecar too."""
+        if checksum is None:
+            self._delete_quiet(_check_key(key) + CHECKSUM_SUFFIX)  # a stale sidecar would describe other bytes
+            self._write(key, iter([bytes(data)]))
+            return ObjectInfo(key, len(data), None)
+        return self._put(key, iter([bytes(data)]), checksum.lower(), what="bytes")
+
+    def _put(self, key: str, chunks: Iterator[bytes], checksum: str, *, what: str) -> ObjectInfo:
+        _check_key(key)
+        # Un-commit first: until the new sidecar is written, the old one would vouch for bytes being replaced.
+        self._delete_quiet(key + CHECKSUM_SUFFIX)
+        sha, md5, size = self._write(key, chunks)
+        if sha != checksum:
+            self._delete_quiet(key)
+            raise VerificationError(f"{what}: content hashes to {sha}, not the expected {checksum}; "
+                                    f"not stored as {self.url_for(key)}")
+        self._verify_content(key, size, checksum, md5)
+        self._write_sidecar(key, checksum)
+        return ObjectInfo(key, size, checksum)
+
+    def _verify_content(self, key: str, size: int, checksum: str, md5: str | None) -> None:
+        got_size = self._size(key)
+        if got_size != size:
+            raise VerificationError(f"{self.url_for(key)}: stored size {got_size}, uploaded {size}")
+        if md5 is not None and self._etag(key) == md5:
+            # A single-part S3 object's ETag is the MD5 the server computed over what it received. Any other
+            # ETag (multipart upload, SSE-KMS) proves nothing either way: read the object back instead.
+            return
+        got = self._remote_sha256(key)
+        if got != checksum:
+            raise VerificationError(f"{self.url_for(key)}: stored content hashes to {got}, expected {checksum}")
+
+    def verify(self, key: str, *, checksum: str | None = None, size: int | None = None) -> ObjectInfo:
+        """Re-read ``key`` and check it against its sidecar (and the given checksum/size). Returns its info."""
+        info = self.info(key)
+        expected = (checksum or info.checksum or "").lower() or None
+        if expected is None:
+            raise VerificationError(f"{self.url_for(key)}: no checksum to verify against (no sidecar)")
+        if info.checksum is not None and checksum is not None and info.checksum != checksum.lower():
+            raise VerificationError(f"{self.url_for(key)}: sidecar says {info.checksum}, expected {checksum}")
+        if size is not None and info.size != size:
+            raise VerificationError(f"{self.url_for(key)}: stored size {info.size}, expected {size}")
+        got = self._remote_sha256(key)
+        if got != expected:
+            raise VerificationError(f"{self.url_for(key)}: stored content hashes to {got}, expected {expected}")
+        return info
+
+    def get_bytes(self, key: str) -> bytes:
+        return self._read_all(key)
+
+    def open(self, key: str, mode: str = "rb") -> IO[bytes]:
+        """A binary file object for reading ``key`` (writes go through put_file/put_bytes)."""
+        if mode != "rb":
+            raise StorageError("ObjectStore.open is read-only; use put_file or put_bytes to write")
+        path = self._path(key)
+        try:
+            if self.local:
+                return open(path, "rb")
+            self._invalidate(path)
+            return self.fs.open(path, "rb")
+        except FileNotFoundError:
+            raise ObjectNotFound(f"no object {self.url_for(key)}") from None
+
+    def _size(self, key: str) -> int:
+        path = self._path(key)
+        try:
+            if self.local:
+                return os.stat(path).st_size
+            self._invalidate(path)
+            info = self.fs.info(path)
+        except FileNotFoundError:
+            raise ObjectNotFound(f"no object {self.url_for(key)}") from None
+        if info.get("type") == "directory":
+            raise ObjectNotFound(f"{self.url_for(key)} is a prefix, not an object")
+        return int(info["size"])
+
+    def exists(self, key: str) -> bool:
+        try:
+            self._size(key)
+            return True
+        except ObjectNotFound:
+            return False
+
+    def info(self, key: str) -> ObjectInfo:
+        """Size and sidecar checksum (None if the object has no sidecar). ObjectNotFound if absent."""
+        size = self._size(key)
+        return ObjectInfo(key, size, self._read_sidecar(key))
+
+    def list(self, prefix: str = "") -> list[str]:
+        """Sorted keys starting with ``prefix`` (sidecars and in-flight temporaries excluded)."""
+        if prefix.startswith("/") or ".." in prefix.split("/"):
+            raise StorageError(f"bad prefix {prefix!r}")
+        base = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        keys: list[str] = []
+        if self.local:
+            top = os.path.join(self.root, *base.split("/")) if base else self.root
+            for dirpath, _dirs, files in os.walk(top):
+                for name in files:
+                    if _is_hidden_name(name):
+                        continue
+                    key = self._key_of(os.path.join(dirpath, name))
+                    if key.startswith(prefix):
+                        keys.append(key)
+        else:
+            top = f"{self.root}/{base}" if base else self.root
+            self._invalidate(top)
+            try:
+                found = self.fs.find(top, detail=True)
+            except FileNotFoundError:
+                found = {}
+            for path, meta in found.items():
+                # s3fs reports an empty "directory" (S3 has none; some servers keep markers) as an entry
+                if meta.get("type") == "directory" or _is_hidden_name(path.rsplit("/", 1)[-1]):
+                    continue
+                key = self._key_of(path)
+                if key and key.startswith(prefix):
+                    keys.append(key)
+        return sorted(keys)
+
+    def delete(self, key: str) -> None:
+        """Remove ``key`` and its sidecar (sidecar first, so the object is never seen complete but partial)."""
+        for k in (key + CHECKSUM_SUFFIX, key):
+            self._delete_quiet(k)
+
+    def _delete_quiet(self, key: str) -> None:
+        path = self._path(key)
+        try:
+            if self.local:
+                os.unlink(path)
+            else:
+                self.fs.rm_file(path)
+                self._invalidate(path)
+        except FileNotFoundError:
+            pass
+
+    def move(self, src: str, dst: str) -> ObjectInfo:
+        """Move ``src`` to ``dst``: copy, verify, write dst's sidecar, then delete src.
+
+        At every instant at least one of the two is complete, and a retry after a crash finishes the move.
+        """
+        _check_key(src), _check_key(dst)
+        try:
+            src_info = self.info(src)
+        except ObjectNotFound:
+            dst_info = self.info(dst)  # already moved by an earlier, interrupted call?
+            if dst_info.checksum is None:
+                raise ObjectNotFound(f"no object {self.url_for(src)}") from None
+            return dst_info
+        checksum = src_info.checksum or self._remote_sha256(src)
+        self._copy(src, dst)
+        self._verify_copy(src, dst, src_info.size, checksum)
+        self._write_sidecar(dst, checksum)
+        self.delete(src)
+        return ObjectInfo(dst, src_info.size, checksum)
+
+    def _copy(self, src: str, dst: str) -> None:
+        s, d = self._path(src), self._path(dst)
+        if self.local:
+            os.makedirs(os.path.dirname(d), exist_ok=True)
+            tmp = os.path.join(os.path.dirname(d), f".{os.path.basename(d)}.{uuid.uuid4().hex}.tmp")
+            try:
+                os.link(s, tmp)  # same bytes by construction, no copy
+            except OSError:
+                shutil.copyfile(s, tmp)
+            os.replace(tmp, d)
+            _fsync_dir(os.path.dirname(d))
+        else:
+            self.fs.copy(s, d)
+            self._invalidate(d)
+
+    def _verify_copy(self, src: str, dst: str, size: int, checksum: str) -> None:
+        got = self._size(dst)
+        if got != size:
+            raise VerificationError(f"{self.url_for(dst)}: copied size {got}, source {size}")
+        if self.local and os.path.samefile(self._path(src), self._path(dst)):
+            return
+        src_etag, dst_etag = self._etag(src), self._etag(dst)
+        if src_etag and src_etag == dst_etag and re.fullmatch(r"[0-9a-f]{32}", src_etag):
+            return  # a server-side copy of a single-part object keeps its content MD5
+        got_sha = self._remote_sha256(dst)
+        if got_sha != checksum:
+            raise VerificationError(f"{self.url_for(dst)}: copy hashes to {got_sha}, source {checksum}")
+
+    def quarantine(self, src: str, dst: str, reason: dict[str, Any]) -> ObjectInfo:
+        """Move ``src`` to the quarantine key ``dst`` and write ``<dst>.reason.json`` (reason first)."""
+        self.put_bytes(Layout.reason(dst), json.dumps(reason, sort_keys=True, indent=2).encode())
+        return self.move(src, dst)
+
+    def get_json(self, key: str) -> Any:
+        return json.loads(self.get_bytes(key))
+
+    def put_json(self, key: str, value: Any) -> ObjectInfo:
+        return self.put_bytes(key, json.dumps(value, sort_keys=True, indent=2).encode())
+
+    def __repr__(self) -> str:
+        return f"ObjectStore({self.url!r})"
+
+
+def _fsync_dir(path: str) -> None:
+    """Make a rename durable (POSIX); silently skipped where directories cannot be opened."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
