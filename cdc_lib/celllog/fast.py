@@ -205,7 +205,7 @@ def decode_into(log: FastCellLog, buf: bytes, schema, mv: int, segment: str, seg
             static_cols, p = _header(buf, p, lay, True)
         regular_cols, p = _header(buf, p, lay, False)
         if flags & 0x04:
-            dts, dldt, p = _deletion(buf, p, ts0, ldt0, unsigned_ldt)
+            dts, dldt, p = decode_deletion(buf, p, ts0, ldt0, unsigned_ldt)
             rows_append((uidx, b"", None, None, None, False, _PDEL, None, None, None, dts, 0, dldt))
         cfixed = lay.clustering_fixed
         ncl = len(cfixed)
@@ -229,10 +229,10 @@ def decode_into(log: FastCellLog, buf: bytes, schema, mv: int, segment: str, seg
                 kind_ord = buf[p]
                 size = (buf[p + 1] << 8) | buf[p + 2]
                 p += 3
-                values, p = _clustering(buf, p, cfixed, size)
-                d1ts, d1ldt, p = _deletion(buf, p, ts0, ldt0, unsigned_ldt)
+                values, p = decode_clustering_values(buf, p, cfixed, size)
+                d1ts, d1ldt, p = decode_deletion(buf, p, ts0, ldt0, unsigned_ldt)
                 if kind_ord == 2 or kind_ord == 5:
-                    d2ts, d2ldt, p = _deletion(buf, p, ts0, ldt0, unsigned_ldt)
+                    d2ts, d2ldt, p = decode_deletion(buf, p, ts0, ldt0, unsigned_ldt)
                     markers.append((kind_ord, values, (d1ts, d1ldt), (d2ts, d2ldt)))
                 elif kind_ord in (0, 1, 6, 7):
                     markers.append((kind_ord, values, (d1ts, d1ldt), None))
@@ -251,7 +251,7 @@ def decode_into(log: FastCellLog, buf: bytes, schema, mv: int, segment: str, seg
             else:
                 if ext & 0x01:
                     raise ValueError("static row among rows")
-                values, p = _clustering(buf, p, cfixed, ncl)
+                values, p = decode_clustering_values(buf, p, cfixed, ncl)
                 cl = encode_clustering(values) if ncl else b""
                 header_cols = regular_cols
             p = decode_row_body(rows_append, buf, p, end, flags_r, ext, uidx, cl, is_static, header_cols, ts0,
@@ -309,7 +309,7 @@ def decode_row_body(rows_append, buf, p: int, end: int, flags_r: int, ext: int, 
         else:
             rows_append((uidx, cl, None, None, None, is_static, _LIVE, None, None, None, lts, 0, _NO_LDT))
     if flags_r & 0x10:
-        rts, rldt, p = _deletion(buf, p, ts0, ldt0, unsigned_ldt)
+        rts, rldt, p = decode_deletion(buf, p, ts0, ldt0, unsigned_ldt)
         rows_append((uidx, cl, None, None, None, is_static, _RDELS if ext & 0x02 else _RDEL, None,
                      None, None, rts, 0, rldt))
     if flags_r & 0x20:
@@ -347,7 +347,7 @@ def decode_row_body(rows_append, buf, p: int, end: int, flags_r: int, ext: int, 
     for name, is_complex, fixed in row_cols:
         if is_complex:
             if has_cdel:
-                cts, cldt, p = _deletion(buf, p, ts0, ldt0, unsigned_ldt)
+                cts, cldt, p = decode_deletion(buf, p, ts0, ldt0, unsigned_ldt)
                 if cts != _NO_TS:
                     pending_cdel.extend((uidx, cl, None, None, None, is_static, _CDEL, name, None,
                                          None, cts, 0, cldt))
@@ -429,7 +429,7 @@ def decode_row_body(rows_append, buf, p: int, end: int, flags_r: int, ext: int, 
     return p
 
 
-def _deletion(buf, p, ts0, ldt0, unsigned_ldt):
+def decode_deletion(buf, p, ts0, ldt0, unsigned_ldt):
     """A delta-encoded DeletionTime: (marked_for_delete_at, local_deletion_time, next position)."""
     u, p = _read_uvint(buf, p)
     ts = ((u + ts0 + _B63) & _M64) - _B63
@@ -467,7 +467,8 @@ def _columns(buf, p, column_of):
     return tuple(cols), p
 
 
-def _clustering(buf, p, fixed_lengths, size):
+def decode_clustering_values(buf, p, fixed_lengths, size):
+    """The first ``size`` values of a clustering prefix (``None`` null, ``b""`` empty) and the next position."""
     values = []
     header = 0
     for i in range(size):

@@ -75,21 +75,21 @@ class Reader:
     def u8(self) -> int:
         p = self.pos
         if p >= self.end:
-            raise TruncatedError("unexpected end of mutation", position=p)
+            raise TruncatedError("unexpected end of the data", position=p)
         self.pos = p + 1
         return self.buf[p]
 
     def u16(self) -> int:
         p = self.pos
         if p + 2 > self.end:
-            raise TruncatedError("unexpected end of mutation", position=p)
+            raise TruncatedError("unexpected end of the data", position=p)
         self.pos = p + 2
         return (self.buf[p] << 8) | self.buf[p + 1]
 
     def take(self, n: int) -> bytes:
         p = self.pos
         if n < 0 or p + n > self.end:
-            raise TruncatedError(f"value of {n} bytes runs past the end of the mutation", position=p)
+            raise TruncatedError(f"value of {n} bytes runs past the end of the data", position=p)
         self.pos = p + n
         return self.buf[p:p + n]
 
@@ -540,6 +540,12 @@ def _row_columns(row: Row, header: tuple) -> tuple:
 
 
 def _encode_row(w: _Writer, row: Row, table, header: tuple, clustering_types: list, mv: int) -> None:
+    flags, columns, liveness = _encode_row_head(w, row, header, clustering_types)
+    _encode_row_body(w, row, flags, table, header, columns, liveness, mv)
+
+
+def _encode_row_head(w: _Writer, row: Row, header: tuple, clustering_types: list) -> tuple:
+    """Flags, extended flags and clustering; returns what the body needs: (flags, columns, liveness)."""
     flags = 0
     ext = 0
     if row.is_static:
@@ -568,6 +574,12 @@ def _encode_row(w: _Writer, row: Row, table, header: tuple, clustering_types: li
             raise MutationError(f"row clustering has {len(row.clustering)} values, the table "
                                 f"{len(clustering_types)} clustering columns")
         _encode_clustering_values(w, clustering_types, row.clustering)
+    return flags, columns, liveness
+
+
+def _encode_row_body(w: _Writer, row: Row, flags: int, table, header: tuple, columns: tuple, liveness,
+                     mv: int) -> None:
+    """Liveness, deletion, column subset and cells (``read_row_body``'s inverse)."""
     if liveness is not None:
         w.ts(liveness.timestamp)
         if liveness.ttl != NO_TTL:
@@ -596,11 +608,34 @@ def _encode_row(w: _Writer, row: Row, table, header: tuple, clustering_types: li
             _encode_cell(w, cells[0], False, col.type.fixed_length, liveness)
 
 
+def encode_unfiltered(u, table, header: tuple, clustering_types: list, stats: EncodingStats, mv: int) -> tuple:
+    """(head, body) of a row or range tombstone marker, delta-encoded against ``stats``: the head is the flags,
+    extended flags and clustering (or bound), the body the rest. A mutation writes them back to back; an
+    SSTable writes the unfiltered's size and the previous unfiltered's size between them (format reference
+    SSTable §6.4-§6.5)."""
+    head, body = _Writer(stats), _Writer(stats)
+    if isinstance(u, RangeTombstoneMarker):
+        _encode_marker_head(head, u, clustering_types)
+        _encode_marker_body(body, u)
+    else:
+        flags, columns, liveness = _encode_row_head(head, u, header, clustering_types)
+        _encode_row_body(body, u, flags, table, header, columns, liveness, mv)
+    return bytes(head.out), bytes(body.out)
+
+
 def _encode_marker(w: _Writer, m: RangeTombstoneMarker, clustering_types: list) -> None:
+    _encode_marker_head(w, m, clustering_types)
+    _encode_marker_body(w, m)
+
+
+def _encode_marker_head(w: _Writer, m: RangeTombstoneMarker, clustering_types: list) -> None:
     w.out.append(R_IS_MARKER)
     w.out.append(int(m.kind))
     w.out += len(m.clustering).to_bytes(2, "big")
     _encode_clustering_values(w, clustering_types, m.clustering)
+
+
+def _encode_marker_body(w: _Writer, m: RangeTombstoneMarker) -> None:
     if m.kind.is_boundary:
         w.deletion(m.end_deletion)
         w.deletion(m.start_deletion)
