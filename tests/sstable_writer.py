@@ -59,7 +59,7 @@ def _min_stats(updates) -> EncodingStats:
                          min(s.min_ttl for s in stats))
 
 
-def _header(table, stats: EncodingStats, static: list, regular: list) -> bytes:
+def _header(table, stats: EncodingStats, static: list, regular: list, type_strings: dict) -> bytes:
     out = bytearray()
     out += _uvint((stats.min_timestamp - TIMESTAMP_EPOCH) & wire.MASK64)
     out += _uvint(wire.s32(stats.min_local_deletion_time - DELETION_TIME_EPOCH))
@@ -77,7 +77,8 @@ def _header(table, stats: EncodingStats, static: list, regular: list) -> bytes:
     for names in (static, regular):
         out += _uvint(len(names))
         for n in names:
-            out += _vbytes(n.encode()) + _vbytes(table.column_for_data(n).type.marshal.encode())
+            ts = type_strings.get(n) or table.column_for_data(n).type.marshal
+            out += _vbytes(n.encode()) + _vbytes(ts.encode())
     return bytes(out)
 
 
@@ -111,8 +112,10 @@ def _deletion(version: str, fmt: str, d) -> bytes:
     return struct.pack(">iq", wire.s32(d.local_deletion_time), d.marked_for_delete_at)
 
 
-def data_bytes(table, updates, version: str = "nb", fmt: str = "big", mv: Optional[int] = None) -> tuple:
-    """(D, partition offsets, header bytes) for ``updates`` written in order as SSTable partitions."""
+def data_bytes(table, updates, version: str = "nb", fmt: str = "big", mv: Optional[int] = None,
+               type_strings: Optional[dict] = None) -> tuple:
+    """(D, partition offsets, header bytes) for ``updates`` written in order as SSTable partitions;
+    ``type_strings`` overrides the header's type string of some columns."""
     mv = mv if mv is not None else (13 if fmt == "bti" or version >= "oa" else 12)
     static = sorted({n for u in updates for n in u.static_columns}, key=lambda n: _column_order(table, n))
     regular = sorted({n for u in updates for n in u.regular_columns}, key=lambda n: _column_order(table, n))
@@ -138,19 +141,19 @@ def data_bytes(table, updates, version: str = "nb", fmt: str = "big", mv: Option
             out += head + _uvint(len(sized)) + sized
             prev = at
         out.append(0x01)
-    return bytes(out), offsets, _header(table, stats, static, regular)
+    return bytes(out), offsets, _header(table, stats, static, regular, type_strings or {})
 
 
 def write_sstable(root: Path, table, updates, *, version: str = "nb", fmt: str = "big", generation: str = "1",
                   compressor: Optional[str] = None, options: Optional[dict] = None, chunk_length: int = 4096,
                   max_compressed_length: Optional[int] = None, trailing_empty_chunk: bool = False,
-                  index: bool = True, mutate_data=None) -> Written:
+                  index: bool = True, mutate_data=None, type_strings: Optional[dict] = None) -> Written:
     """Write ``updates`` (in the order given) as one SSTable of ``table`` under ``root``. ``mutate_data(D)``
     may change the uncompressed stream before it is framed (to make undecodable bytes with good CRCs)."""
     d = table_dir(root, table)
     d.mkdir(parents=True, exist_ok=True)
     prefix = f"{version}-{generation}-{fmt}-"
-    data, offsets, header = data_bytes(table, updates, version, fmt)
+    data, offsets, header = data_bytes(table, updates, version, fmt, type_strings=type_strings)
     if mutate_data is not None:
         data = mutate_data(data)
     (d / (prefix + "Statistics.db")).write_bytes(_statistics(version, fmt, header))
@@ -188,4 +191,24 @@ def write_sstable(root: Path, table, updates, *, version: str = "nb", fmt: str =
         for u, off in zip(updates, offsets):
             idx += struct.pack(">H", len(u.partition_key)) + u.partition_key + _uvint(off) + _uvint(0)
         (d / (prefix + "Index.db")).write_bytes(bytes(idx))
+    elif index:
+        (d / (prefix + "Partitions.db")).write_bytes(partitions_db(offsets))
+        (d / (prefix + "Rows.db")).write_bytes(b"")
     return Written(d, d / (prefix + "Data.db"), offsets, len(data))
+
+
+def partitions_db(offsets) -> bytes:
+    """A BTI partition index (Cassandra's BtiFormat.md "Trie nodes" and "Partition index"): one PAYLOAD_ONLY leaf
+    per partition (a hash byte, then ~offset in 4 bytes), all children of a SPARSE_16 root in Data.db order.
+    Transition bytes are the partition's number: the reader walks the trie in order and does not look at them."""
+    out = bytearray()
+    leaves = []
+    for off in offsets:
+        leaves.append(len(out))
+        out += bytes((0x0B, 0)) + struct.pack(">i", ~off)           # pb = 11: hash byte + 4 bytes
+    root = len(out)
+    out += bytes((0x70, len(offsets))) + bytes(range(len(offsets)))
+    out += b"".join(struct.pack(">H", root - leaf) for leaf in leaves)
+    first = len(out)
+    out += b"\x00\x00\x00\x00"                                      # first and last key (not read)
+    return bytes(out) + struct.pack(">qqq", first, len(offsets), root)

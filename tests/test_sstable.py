@@ -357,6 +357,45 @@ def test_snapshot_schema_names_the_key_columns(tmp_path, small_schema):
     assert [c.name for c in sst.table.clustering] == ["ck"]
 
 
+def test_dropped_columns_are_decoded_but_not_shown(tmp_path):
+    """The header still lists a dropped column that has data; with a schema that knows the drop, its cells are
+    decoded with the header's type and the table shows no such column (Cassandra hides them on read)."""
+    before = load_cql_schema("CREATE TABLE ks.d (pk int PRIMARY KEY, v text, gone int) "
+                             "WITH ID = 5a1e0000-0000-4000-8000-000000000002;")
+    after = load_cql_schema("CREATE TABLE ks.d (pk int PRIMARY KEY, v text, gone int) "
+                            "WITH ID = 5a1e0000-0000-4000-8000-000000000002; "
+                            "ALTER TABLE ks.d DROP gone USING TIMESTAMP 2000;")
+    t = before.by_name("ks", "d")
+    row = Row((), LivenessInfo(1000), None, False, [Cell("gone", struct.pack(">i", 7), 1000), Cell("v", b"x", 1000)])
+    u = finish_update(PartitionUpdate(t.id, struct.pack(">i", 1), t, unfiltereds=[row]))
+    w = write_sstable(tmp_path, t, [u], version="nb")
+    sst = SSTable(w.data, after)
+    assert "gone" not in sst.table.columns and sst.table.dropped["gone"].dropped_time == 2000
+    assert sst.table.column_for_data("gone").type.cql == "int"
+    assert collections.Counter(map(_identity, _fast([w.data], after))) == _records([u])
+    assert "gone" in SSTable(w.data).table.columns         # without the schema nothing says it was dropped
+
+
+def test_udt_columns_written_by_cassandra_3_0(tmp_path):
+    """3.0 prints a frozen UDT column's type without FrozenType, so the header claims a non-frozen column; the
+    schema (frozen) wins for 3.x SSTables, and the value reads as one cell."""
+    schema = load_cql_schema("CREATE TYPE ks.addr (street text, zip int); "
+                             "CREATE TABLE ks.u (pk int PRIMARY KEY, a frozen<addr>) "
+                             "WITH ID = 5a1e0000-0000-4000-8000-000000000003;")
+    t = schema.by_name("ks", "u")
+    value = t.columns["a"].type.encode({"street": "Main", "zip": 5})
+    row = Row((), LivenessInfo(1000), None, False, [Cell("a", value, 1000)])
+    u = finish_update(PartitionUpdate(t.id, struct.pack(">i", 1), t, unfiltereds=[row]))
+    bare = t.columns["a"].type.marshal.replace("org.apache.cassandra.db.marshal.FrozenType(", "", 1)[:-1]
+    assert "FrozenType" not in bare
+    w = write_sstable(tmp_path, t, [u], version="mc", type_strings={"a": bare})
+    assert SSTable(w.data).header.regular_columns[0].type.multicell          # what the header claims
+    assert not SSTable(w.data, schema).table.columns["a"].type.multicell
+    assert collections.Counter(map(_identity, _fast([w.data], schema))) == _records([u])
+    (m,) = SSTable(w.data, schema).mutations()
+    assert m.updates[0].rows[0].cells[0].value == value
+
+
 # ---- damage ----------------------------------------------------------------------------------------------------------
 
 def _flip(path: Path, offset: int) -> None:
@@ -396,15 +435,44 @@ def test_damaged_chunk_is_reported_and_the_scan_resumes_at_the_next_partition(tm
     assert [(d.kind, d.position) for d in ref_damage] == [(d.kind, d.position) for d in damage]
 
 
-def test_damage_in_bti_sstables_ends_the_scan_with_a_report(tmp_path, small_schema):
+def test_damage_in_bti_sstables_resumes_from_partitions_db(tmp_path, small_schema):
     t, updates = _partitions(small_schema)
     w = write_sstable(tmp_path, t, updates, version="da", fmt="bti", compressor="LZ4Compressor", chunk_length=512)
     _flip(w.data, SSTable(w.data).stream.compression.offset(2) + 3)
     damage = []
-    recs = [r for b in read_sstable_cell_log([w.data], small_schema, on_damage=damage.append) for r in b.to_pylist()]
+    recs = _fast_with_damage(w.data, small_schema, damage)
     assert damage[0].kind == "crc_mismatch" and damage[0].position == 1024
-    assert any("BTI SSTables are not resumed" in d.reason for d in damage)
+    resume = min(off for off in w.partition_offsets if off >= 1536)
+    assert any(f"resumes at the next partition (offset {resume})" in d.reason for d in damage)
+    assert {off for off in w.partition_offsets if off >= resume} <= {r["position"] for r in recs}
+    (w.directory / "da-1-bti-Partitions.db").unlink()              # no index: report the rest, stop
+    damage = []
+    recs = _fast_with_damage(w.data, small_schema, damage)
+    assert any("the rest of Data.db is not read: Partitions.db lists no later partition" in d.reason
+               for d in damage)
     assert recs and max(r["position"] for r in recs) < 1024 + 512
+
+
+def test_partitions_db_trie_walk(tmp_path):
+    """Every node layout of BtiFormat.md that a partition index uses, by hand: leaves with D offsets and with
+    a Rows.db entry, a DENSE_12 node with a hole, a SPARSE_8 node and a SINGLE_NOPAYLOAD_4 chain."""
+    from cdc_lib.sstable.index import _partitions_positions
+    trie = bytearray()
+    trie += bytes((0x09, 0xAA)) + struct.pack(">h", ~0)             # 0: leaf, D offset 0 (pb 9: hash + 2 bytes)
+    trie += bytes((0x09, 0xBB)) + struct.pack(">h", ~100)           # 4: leaf, D offset 100
+    trie += bytes((0x0A, 0xCC)) + (0).to_bytes(3, "big")           # 8: leaf, Rows.db entry at 0 (pb 10: 3 bytes)
+    dense = len(trie)                                               # 13: DENSE_12, transitions 0x30..0x32, 0x31 empty
+    trie += bytes((0xA0, 0x30, 2)) + ((((13 - 0) << 24) | (0 << 12) | (13 - 4)) << 4).to_bytes(5, "big")
+    sparse = len(trie)                                              # 21: SPARSE_8: 0x10 -> dense, 0x20 -> leaf 8
+    trie += bytes((0x50, 2, 0x10, 0x20, sparse - dense, sparse - 8))
+    root = len(trie)                                                # 27: SINGLE_NOPAYLOAD_4 -> sparse
+    trie += bytes((0x10 | (root - sparse), 0x40))
+    trie += struct.pack(">qqq", 0, 3, root)
+    d = tmp_path / "ks" / "t-00000000000000000000000000000001"
+    d.mkdir(parents=True)
+    (d / "da-1-bti-Partitions.db").write_bytes(bytes(trie))
+    (d / "da-1-bti-Rows.db").write_bytes(struct.pack(">H", 2) + b"k1" + bytes((0x80, 200)) + b"rest")
+    assert list(_partitions_positions(parse_data_path(d / "da-1-bti-Data.db"))) == [0, 100, 200]
 
 
 def test_bytes_that_do_not_decode_are_reported_with_their_offset(tmp_path, small_schema):

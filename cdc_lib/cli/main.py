@@ -88,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     ins = sub.add_parser("inspect", help="decode commit-log segments or SSTables and print their contents")
     src = ins.add_mutually_exclusive_group()
-    src.add_argument("--schema", help="CQL schema file (DESCRIBE output with ID = ... table options)")
+    src.add_argument("--schema", help="CQL schema file (DESCRIBE output; segments need the tables' ID = ... "
+                                      "options, SSTables do not)")
     src.add_argument("--schema-from-log", action="store_true",
                      help="take the schema from system_schema mutations inside the segments")
     ins.add_argument("--keystore", help="JCEKS keystore with the commit-log encryption key")

@@ -77,8 +77,8 @@ class ScanState:
         self.keyspace = t.keyspace
         self.table = t.name
         self.cfixed = [c.type.fixed_length for c in t.clustering]
-        self.static_cols = tuple((c.name, c.type.multicell, c.type.fixed_length) for c in h.static_columns)
-        self.regular_cols = tuple((c.name, c.type.multicell, c.type.fixed_length) for c in h.regular_columns)
+        self.static_cols = _layout(t, sst.static_columns)
+        self.regular_cols = _layout(t, sst.regular_columns)
         self.ts0 = h.stats.min_timestamp
         self.ldt0 = h.stats.min_local_deletion_time
         self.ttl0 = h.stats.min_ttl
@@ -95,6 +95,12 @@ class ScanState:
         self.prev = position
         self.open_rt = None
         return uidx
+
+
+def _layout(table, names) -> tuple:
+    """(name, is complex, fixed length) of each header column, typed as the reference decoder types it."""
+    return tuple((n, table.column_for_data(n).type.multicell, table.column_for_data(n).type.fixed_length)
+                 for n in names)
 
 
 def pair_marker(st: ScanState, rows_append, uidx: int, kind_ord: int, values, d1: tuple, d2) -> None:

@@ -20,8 +20,8 @@ generation (``Descriptor.generation_number``).
 
 Damage is never silent: a chunk that fails its CRC or does not decompress, and bytes that do not decode, become
 ``commitlog.segment.Damage`` records (file name, D offset, kind, reason, the bytes where they are small). The
-scan then resumes at the next partition the index lists after the damage (BIG format), or reports the rest
-of the file as not read.
+scan then resumes at the next partition the index (Index.db, or Partitions.db for BTI) lists after the damage,
+or, without a readable index, reports the rest of the file as not read.
 """
 from __future__ import annotations
 
@@ -221,10 +221,9 @@ class SSTable:
             how = f"the scan resumes at the next partition (offset {nxt})"
         elif floor >= self.length:
             how = "it is the end of Data.db"
-        elif self.version.format == "big":
-            how = "the rest of Data.db is not read: Index.db lists no later partition"
         else:
-            how = "the rest of Data.db is not read: BTI SSTables are not resumed after damage"
+            how = (f"the rest of Data.db is not read: {'Index.db' if self.version.format == 'big' else 'Partitions.db'}"
+                   f" lists no later partition")
         if not win.gap:
             err.reason += f"; bytes {err.position}..{stop} are skipped, {how}"
             return [err], nxt

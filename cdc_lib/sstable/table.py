@@ -17,12 +17,12 @@ import uuid
 from pathlib import Path
 from typing import Optional
 
-from cdc_lib.cql.schema import (CLUSTERING, PARTITION_KEY, REGULAR, STATIC, ColumnMetadata, Schema,
+from cdc_lib.cql.schema import (CLUSTERING, PARTITION_KEY, REGULAR, STATIC, ColumnMetadata, DroppedColumn, Schema,
                                 TableMetadata)
 from cdc_lib.errors import SchemaError, SSTableError
 
 from .descriptor import Descriptor, table_directory
-from .statistics import SerializationHeader
+from .statistics import HeaderColumn, SerializationHeader
 
 log = logging.getLogger(__name__)
 
@@ -100,18 +100,36 @@ def sstable_table(desc: Descriptor, header: SerializationHeader, schema: Optiona
     else:
         pk_names = default_key_names(n_pk)
         ck_names = default_clustering_names(n_ck)
-    pk = [ColumnMetadata(n, t, PARTITION_KEY, i) for i, (n, t) in enumerate(zip(pk_names, header.partition_key_types))]
-    ck = [ColumnMetadata(n, c.type, CLUSTERING, i, c.reversed) for i, (n, c) in enumerate(zip(ck_names,
-                                                                                                header.clustering))]
+    pk = [ColumnMetadata(n, t, PARTITION_KEY, i)
+          for i, (n, t) in enumerate(zip(pk_names, header.partition_key_types))]
+    ck = [ColumnMetadata(n, c.type, CLUSTERING, i, c.reversed)
+          for i, (n, c) in enumerate(zip(ck_names, header.clustering))]
     columns = {c.name: c for c in pk + ck}
+    dropped = dict(known.dropped) if known is not None else {}
     for kind, cols in ((STATIC, header.static_columns), (REGULAR, header.regular_columns)):
         for c in cols:
             if c.name in columns:
                 raise SSTableError(f"column {c.name!r} is listed twice in the serialization header", source)
-            columns[c.name] = ColumnMetadata(c.name, c.type, kind)
+            ctype = _column_type(c, known, desc)
+            if c.name in dropped and (known is None or c.name not in known.columns):
+                # a dropped column with data in this SSTable: decodable by name, never shown
+                dropped[c.name] = DroppedColumn(c.name, ctype, dropped[c.name].dropped_time, kind)
+            else:
+                columns[c.name] = ColumnMetadata(c.name, ctype, kind)
     flags = set(known.flags) if known is not None else {"compound"}
     if header.counter:
         flags.add("counter")
-    dropped = dict(known.dropped) if known is not None else {}
     return TableMetadata(keyspace or "", name, table_id, pk, ck, columns, dropped, frozenset(flags),
                          known.cdc if known is not None else False)
+
+
+def _column_type(column: HeaderColumn, known: Optional[TableMetadata], desc: Descriptor):
+    """The header's type, except for Cassandra 3.0's UDT quirk: 3.0 writes a (always frozen) UDT column as
+    ``UserType(...)`` without ``FrozenType``, so its header claims a multi-cell column (format reference §4.6).
+    When the schema says the column is frozen, a 3.x SSTable's UDT column is read as frozen."""
+    t = column.type
+    if t.kind == "udt" and t.multicell and desc.version.version.startswith("m") and known is not None:
+        current = known.columns.get(column.name) or known.dropped.get(column.name)
+        if current is not None and not current.type.multicell:
+            return t.freeze()
+    return t
