@@ -396,6 +396,30 @@ def test_udt_columns_written_by_cassandra_3_0(tmp_path):
     assert m.updates[0].rows[0].cells[0].value == value
 
 
+def test_compact_storage_tables(tmp_path):
+    """COMPACT STORAGE (3.x, still readable in 4.x/5.0): a static compact table keeps its CQL columns as static
+    columns of partitions without rows; a dense one has rows without a row marker (format reference §6.8)."""
+    schema = load_cql_schema("""
+        CREATE TABLE ks.sc (k int PRIMARY KEY, a int, b text) WITH COMPACT STORAGE
+            AND ID = 5a1e0000-0000-4000-8000-000000000004;
+        CREATE TABLE ks.dc (k int, c int, v text, PRIMARY KEY (k, c)) WITH COMPACT STORAGE
+            AND ID = 5a1e0000-0000-4000-8000-000000000005;""")
+    sc, dc = schema.by_name("ks", "sc"), schema.by_name("ks", "dc")
+    assert [c.name for c in sc.static_columns] == ["a", "b"] and [c.name for c in sc.clustering] == ["column1"]
+    static = Row((), None, None, False, [Cell("a", struct.pack(">i", 3), 10), Cell("b", b"x", 11)], is_static=True)
+    sc_updates = [_update(sc, k, static=static) for k in range(3)]
+    dc_updates = [_update(dc, k, [Row((struct.pack(">i", c),), None, None, False, [Cell("v", b"v%d" % c, 20 + c)])
+                                  for c in range(4)]) for k in range(3)]
+    for version in ("ma", "md", "nb"):
+        for t, updates in ((sc, sc_updates), (dc, dc_updates)):
+            w = write_sstable(tmp_path / version, t, updates, version=version, compressor="LZ4Compressor")
+            recs = _fast([w.data], schema)
+            assert collections.Counter(map(_identity, recs)) == _records(updates)
+            assert "row_liveness" not in {r["kind"] for r in recs}
+            first = SSTable(w.data, schema).mutations().__next__().updates[0]
+            assert (first.static_row is not None) == (t is sc) and (len(first.rows) == 4) == (t is dc)
+
+
 # ---- damage ----------------------------------------------------------------------------------------------------------
 
 def _flip(path: Path, offset: int) -> None:
@@ -533,3 +557,13 @@ def test_unreadable_statistics_is_damage_of_that_sstable_only(tmp_path, small_sc
     assert [(d.kind, d.segment) for d in damage] == [("header", "nb-1-big-Data.db")]
     assert "CRC mismatch in metadata component 3" in damage[0].reason and "Statistics.db" in damage[0].reason
     assert {r["segment"] for r in recs} == {good.data.name}
+
+
+def test_unknown_compressor_is_damage_of_that_sstable(tmp_path, small_schema):
+    t, updates = _partitions(small_schema, 2)
+    w = write_sstable(tmp_path, t, updates, version="nb", compressor="LZ4Compressor")
+    info = w.directory / "nb-1-big-CompressionInfo.db"
+    info.write_bytes(info.read_bytes().replace(b"LZ4Compressor", b"LZXCompressor"))
+    damage = []
+    assert _fast_with_damage(w.data, small_schema, damage) == []
+    assert [d.kind for d in damage] == ["header"] and "LZXCompressor" in damage[0].reason

@@ -20,7 +20,7 @@ from typing import Iterator, Optional, Union
 
 from cdc_lib.commitlog.compression import compressor_for
 from cdc_lib.commitlog.segment import Damage
-from cdc_lib.errors import CdcError, SSTableError
+from cdc_lib.errors import CdcError, ConfigError, SSTableError
 
 from .descriptor import Descriptor
 
@@ -117,7 +117,11 @@ class DataStream:
             raise SSTableError(f"cannot read: {e}", str(self.path)) from None
         if self.compression is not None:
             self.length = self.compression.data_length
-            self.codec = compressor_for(self.compression.compressor, self.compression.options)
+            try:
+                self.codec = compressor_for(self.compression.compressor, self.compression.options)
+            except ConfigError as e:
+                raise SSTableError(f"CompressionInfo.db names a compressor this reader lacks: {e}",
+                                   str(desc.path("CompressionInfo.db"))) from None
         else:
             self.length = self.file_size
 
