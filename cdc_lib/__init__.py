@@ -7,6 +7,7 @@ above it here, never one below):
     commitlog/   segment bytes -> typed mutations: container, codecs, encryption, mutation codec, writer
     celllog/     typed mutations -> the Arrow cell log (one row per cell or tombstone)
     state/       cell log -> exact row state (Cassandra's reconcile rules) and change events
+    sstable/     SSTable files -> the same typed partitions and Arrow cell log as commit logs
     sinks/       events and state -> Avro/JSON, Delta tables, Kafka
     storage/     the object store and its one key layout (segments, quarantine, ledgers, Delta roots)
     spark/       the transform step on Spark

@@ -67,6 +67,11 @@ class EncryptionError(SegmentError):
     """An encrypted section could not be decrypted (missing key, wrong key, bad padding)."""
 
 
+class SSTableError(FormatError):
+    """An SSTable component is damaged, unsupported or does not fit the others (``source`` names the file;
+    ``position`` is the offset in that file, or in the uncompressed Data.db stream for Data.db)."""
+
+
 class MutationError(FormatError):
     """A mutation's bytes could not be decoded with the schema in force."""
 

@@ -1,8 +1,9 @@
 """The CQL value codecs against bytes written by a real Cassandra 3.11 (corpus ``sstables/3.11-types``).
 
 Each table ``testtypes1.<t> (id int PRIMARY KEY, <t>val <t>)`` holds one row. For each, the value cell is read
-from Data.db with the test-only reader, decoded with the type named in ``schema.cql``, and compared with the
-value of the INSERT statement in ``schema.cql``. The expected values are computed here from the CQL literal
+from Data.db with the library's SSTable reader (``cdc_lib.sstable``, types from the SSTable's own serialization
+header, no schema), decoded with the type named in ``schema.cql``, and compared with the value of the INSERT
+statement in ``schema.cql``. The expected values are computed here from the CQL literal
 text by a small literal parser that does not use the library's decoders; ``encode`` must then give back the
 exact bytes of the file.
 """
@@ -18,9 +19,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from sstable_reader import read_sstable
 
 from cdc_lib.cql.types import EMPTY, CqlSet, CqlTime, Duration, parse_type
+from cdc_lib.sstable import SSTable, find_data_files
 
 TYPES_DIR = ("sstables", "3.11-types")
 
@@ -206,6 +207,17 @@ def _table_dirs(base: Path) -> dict:
     return {d.name.rsplit("-", 1)[0]: d for d in (base / "data").iterdir() if d.is_dir()}
 
 
+def read_sstable(table_dir: Path):
+    """(serialization header, partition updates) of the one SSTable in ``table_dir``; no damage allowed."""
+    (data_file,) = find_data_files(table_dir)
+    sst = SSTable(data_file)
+    updates = []
+    for m in sst.mutations():
+        assert hasattr(m, "updates"), m
+        updates += m.updates
+    return sst.header, updates
+
+
 def test_every_table_directory_has_a_schema_entry(types_corpus):
     base, schema = types_corpus
     assert set(_table_dirs(base)) == set(schema)
@@ -233,7 +245,7 @@ def test_value_matches_insert(types_corpus, table):
     assert parse_type(header.partition_key_type) == parse_type("int")
 
     (partition,) = partitions
-    assert parse_type("int").decode(partition.key) == 1
+    assert parse_type("int").decode(partition.partition_key) == 1
     (row,) = partition.rows
     cells = [c for c in row.cells if c.column == entry["column"]]
     lit = parse_literal(entry["literal"])
@@ -241,10 +253,10 @@ def test_value_matches_insert(types_corpus, table):
 
     if t.multicell:
         assert cells and all(c.path is not None for c in cells)
-        pairs = [(c.path, c.value if c.value is not None else b"") for c in cells]
+        pairs = [(c.path, c.value) for c in cells]
         value = t.decode_cells(pairs)
         if t.kind == "set":
-            assert all(c.value is None for c in cells)                  # set cells carry no value
+            assert all(c.value == b"" for c in cells)                   # set cells carry no value
             assert isinstance(value, CqlSet) and set(value) == expected
             assert list(value) == sorted(expected)                      # Cassandra's order: numeric for int
             assert t.encode_cells(expected) == pairs                   # a Python set re-sorts to the file order

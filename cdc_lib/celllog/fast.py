@@ -159,7 +159,6 @@ def decode_into(log: FastCellLog, buf: bytes, schema, mv: int, segment: str, seg
     """The hot loop. Layout as in ``commitlog.mutation.py`` (format reference §9-§17)."""
     rows_append = log.rows.extend      # flat list: NFIELDS values per record
     unsigned_ldt = mv >= 13
-    no_ldt_read = _M32 if unsigned_ldt else _NO_LDT
     end = len(buf)
     p = 0
 
@@ -206,7 +205,7 @@ def decode_into(log: FastCellLog, buf: bytes, schema, mv: int, segment: str, seg
             static_cols, p = _header(buf, p, lay, True)
         regular_cols, p = _header(buf, p, lay, False)
         if flags & 0x04:
-            dts, dldt, p = _deletion(buf, p, ts0, ldt0, unsigned_ldt)
+            dts, dldt, p = decode_deletion(buf, p, ts0, ldt0, unsigned_ldt)
             rows_append((uidx, b"", None, None, None, False, _PDEL, None, None, None, dts, 0, dldt))
         cfixed = lay.clustering_fixed
         ncl = len(cfixed)
@@ -230,10 +229,10 @@ def decode_into(log: FastCellLog, buf: bytes, schema, mv: int, segment: str, seg
                 kind_ord = buf[p]
                 size = (buf[p + 1] << 8) | buf[p + 2]
                 p += 3
-                values, p = _clustering(buf, p, cfixed, size)
-                d1ts, d1ldt, p = _deletion(buf, p, ts0, ldt0, unsigned_ldt)
+                values, p = decode_clustering_values(buf, p, cfixed, size)
+                d1ts, d1ldt, p = decode_deletion(buf, p, ts0, ldt0, unsigned_ldt)
                 if kind_ord == 2 or kind_ord == 5:
-                    d2ts, d2ldt, p = _deletion(buf, p, ts0, ldt0, unsigned_ldt)
+                    d2ts, d2ldt, p = decode_deletion(buf, p, ts0, ldt0, unsigned_ldt)
                     markers.append((kind_ord, values, (d1ts, d1ldt), (d2ts, d2ldt)))
                 elif kind_ord in (0, 1, 6, 7):
                     markers.append((kind_ord, values, (d1ts, d1ldt), None))
@@ -252,142 +251,11 @@ def decode_into(log: FastCellLog, buf: bytes, schema, mv: int, segment: str, seg
             else:
                 if ext & 0x01:
                     raise ValueError("static row among rows")
-                values, p = _clustering(buf, p, cfixed, ncl)
+                values, p = decode_clustering_values(buf, p, cfixed, ncl)
                 cl = encode_clustering(values) if ncl else b""
                 header_cols = regular_cols
-            lts = _NO_TS
-            lttl = 0
-            lldt = no_ldt_read
-            if flags_r & 0x04:
-                u, p = _read_uvint(buf, p)
-                lts = ((u + ts0 + _B63) & _M64) - _B63
-                if flags_r & 0x08:
-                    u, p = _read_uvint(buf, p)
-                    lttl = ((((u if u < 0x80000000 else (u & _M32) - ((u & _B31) << 1)) + ttl0) + _B31) & _M32) - _B31
-                    u, p = _read_uvint(buf, p)
-                    x = (u if u < 0x80000000 else (u & _M32) - ((u & _B31) << 1)) + ldt0
-                    lldt = (x & _M32) if unsigned_ldt else ((x + _B31) & _M32) - _B31
-                    rows_append((uidx, cl, None, None, None, is_static, _LIVE, None, None, None, lts, lttl, lldt))
-                else:
-                    rows_append((uidx, cl, None, None, None, is_static, _LIVE, None, None, None, lts, 0, _NO_LDT))
-            if flags_r & 0x10:
-                rts, rldt, p = _deletion(buf, p, ts0, ldt0, unsigned_ldt)
-                rows_append((uidx, cl, None, None, None, is_static, _RDELS if ext & 0x02 else _RDEL, None,
-                             None, None, rts, 0, rldt))
-            if flags_r & 0x20:
-                row_cols = header_cols
-            else:
-                u, p = _read_uvint(buf, p)
-                nh = len(header_cols)
-                if u == 0:
-                    row_cols = header_cols
-                elif nh < 64:
-                    if u >> nh:
-                        raise ValueError("bad subset")
-                    row_cols = [c for i, c in enumerate(header_cols) if not (u >> i) & 1]
-                else:
-                    count = nh - u
-                    if count < nh // 2:
-                        present = set()
-                        for _ in range(count):
-                            v, p = _read_uvint(buf, p)
-                            present.add(v)
-                    else:
-                        absent = set()
-                        for _ in range(u):
-                            v, p = _read_uvint(buf, p)
-                            absent.add(v)
-                        present = set(range(nh)) - absent
-                    row_cols = [c for i, c in enumerate(header_cols) if i in present]
-            has_cdel = flags_r & 0x40
-            if has_cdel:                             # complex deletions are recorded before the row's cells
-                pending_cdel = []
-                cell_buf = []
-                cell_append = cell_buf.extend
-            else:
-                cell_append = rows_append
-            for name, is_complex, fixed in row_cols:
-                if is_complex:
-                    if has_cdel:
-                        cts, cldt, p = _deletion(buf, p, ts0, ldt0, unsigned_ldt)
-                        if cts != _NO_TS:
-                            pending_cdel.extend((uidx, cl, None, None, None, is_static, _CDEL, name, None,
-                                                 None, cts, 0, cldt))
-                    b = buf[p]
-                    if b < 0x80:
-                        ncells = b
-                        p += 1
-                    else:
-                        ncells, p = _read_uvint(buf, p)
-                else:
-                    ncells = 1
-                for _ in range(ncells):
-                    cf = buf[p]
-                    p += 1
-                    if cf & 0x08:
-                        if lts == _NO_TS:
-                            raise ValueError("cell uses missing row timestamp")
-                        cts = lts
-                    else:
-                        b = buf[p]
-                        if b < 0x80:
-                            u = b
-                            p += 1
-                        else:
-                            u, p = _read_uvint(buf, p)
-                        cts = ((u + ts0 + _B63) & _M64) - _B63
-                    cttl = 0
-                    cldt = _NO_LDT
-                    if cf & 0x10:
-                        if lttl == 0:
-                            raise ValueError("cell uses missing row ttl")
-                        cttl = lttl
-                        cldt = lldt
-                    elif cf & 0x03:
-                        u, p = _read_uvint(buf, p)
-                        x = (u if u < 0x80000000 else (u & _M32) - ((u & _B31) << 1)) + ldt0
-                        cldt = (x & _M32) if unsigned_ldt else ((x + _B31) & _M32) - _B31
-                        if cf & 0x02:
-                            u, p = _read_uvint(buf, p)
-                            cttl = ((((u if u < 0x80000000 else (u & _M32) - ((u & _B31) << 1)) + ttl0) + _B31) & _M32) - _B31
-                    if is_complex:
-                        b = buf[p]
-                        if b < 0x80:
-                            ln = b
-                            p += 1
-                        else:
-                            ln, p = _read_uvint(buf, p)
-                        path = buf[p:p + ln]
-                        p += ln
-                    else:
-                        path = None
-                    if cf & 0x04:
-                        value = b""
-                    elif fixed is not None and not is_complex:
-                        value = buf[p:p + fixed]
-                        p += fixed
-                    else:
-                        b = buf[p]
-                        if b < 0x80:
-                            ln = b
-                            p += 1
-                        else:
-                            ln, p = _read_uvint(buf, p)
-                            if ln >= 0x80000000:
-                                raise ValueError("negative length")
-                        value = buf[p:p + ln]
-                        p += ln
-                    if cf & 0x01:
-                        cell_append((uidx, cl, None, None, None, is_static, _TOMB, name, path, value, cts, 0,
-                                     cldt))
-                    else:
-                        cell_append((uidx, cl, None, None, None, is_static, _CELL, name, path, value, cts,
-                                     cttl, cldt if cttl else _NO_LDT))
-            if p > end:
-                raise ValueError("truncated")
-            if has_cdel:
-                log.rows.extend(pending_cdel)
-                log.rows.extend(cell_buf)
+            p = decode_row_body(rows_append, buf, p, end, flags_r, ext, uidx, cl, is_static, header_cols, ts0,
+                                ldt0, ttl0, unsigned_ldt)
             if is_static and flags & 0x10:
                 u, p = _read_uvint(buf, p)                      # row estimate follows the static row
         # range tombstones after the rows, paired as the reference pairs them
@@ -418,7 +286,150 @@ def decode_into(log: FastCellLog, buf: bytes, schema, mv: int, segment: str, seg
     return n_updates
 
 
-def _deletion(buf, p, ts0, ldt0, unsigned_ldt):
+def decode_row_body(rows_append, buf, p: int, end: int, flags_r: int, ext: int, uidx: int, cl: bytes,
+                    is_static: bool, header_cols, ts0: int, ldt0: int, ttl0: int, unsigned_ldt: bool) -> int:
+    """A row's records from its liveness on (after flags, extended flags, clustering and, in SSTables, the row
+    sizes): liveness, deletion, column subset, cells. Shared by the commit-log loop (``decode_into``) and the
+    SSTable loop (``cdc_lib.sstable.fast``), as the byte layout is the same; ``header_cols`` holds
+    (name, is_complex, fixed_length) per header column. Returns the position after the row."""
+    no_ldt_read = _M32 if unsigned_ldt else _NO_LDT
+    lts = _NO_TS
+    lttl = 0
+    lldt = no_ldt_read
+    if flags_r & 0x04:
+        u, p = _read_uvint(buf, p)
+        lts = ((u + ts0 + _B63) & _M64) - _B63
+        if flags_r & 0x08:
+            u, p = _read_uvint(buf, p)
+            lttl = ((((u if u < 0x80000000 else (u & _M32) - ((u & _B31) << 1)) + ttl0) + _B31) & _M32) - _B31
+            u, p = _read_uvint(buf, p)
+            x = (u if u < 0x80000000 else (u & _M32) - ((u & _B31) << 1)) + ldt0
+            lldt = (x & _M32) if unsigned_ldt else ((x + _B31) & _M32) - _B31
+            rows_append((uidx, cl, None, None, None, is_static, _LIVE, None, None, None, lts, lttl, lldt))
+        else:
+            rows_append((uidx, cl, None, None, None, is_static, _LIVE, None, None, None, lts, 0, _NO_LDT))
+    if flags_r & 0x10:
+        rts, rldt, p = decode_deletion(buf, p, ts0, ldt0, unsigned_ldt)
+        rows_append((uidx, cl, None, None, None, is_static, _RDELS if ext & 0x02 else _RDEL, None,
+                     None, None, rts, 0, rldt))
+    if flags_r & 0x20:
+        row_cols = header_cols
+    else:
+        u, p = _read_uvint(buf, p)
+        nh = len(header_cols)
+        if u == 0:
+            row_cols = header_cols
+        elif nh < 64:
+            if u >> nh:
+                raise ValueError("bad subset")
+            row_cols = [c for i, c in enumerate(header_cols) if not (u >> i) & 1]
+        else:
+            count = nh - u
+            if count < nh // 2:
+                present = set()
+                for _ in range(count):
+                    v, p = _read_uvint(buf, p)
+                    present.add(v)
+            else:
+                absent = set()
+                for _ in range(u):
+                    v, p = _read_uvint(buf, p)
+                    absent.add(v)
+                present = set(range(nh)) - absent
+            row_cols = [c for i, c in enumerate(header_cols) if i in present]
+    has_cdel = flags_r & 0x40
+    if has_cdel:                             # complex deletions are recorded before the row's cells
+        pending_cdel = []
+        cell_buf = []
+        cell_append = cell_buf.extend
+    else:
+        cell_append = rows_append
+    for name, is_complex, fixed in row_cols:
+        if is_complex:
+            if has_cdel:
+                cts, cldt, p = decode_deletion(buf, p, ts0, ldt0, unsigned_ldt)
+                if cts != _NO_TS:
+                    pending_cdel.extend((uidx, cl, None, None, None, is_static, _CDEL, name, None,
+                                         None, cts, 0, cldt))
+            b = buf[p]
+            if b < 0x80:
+                ncells = b
+                p += 1
+            else:
+                ncells, p = _read_uvint(buf, p)
+        else:
+            ncells = 1
+        for _ in range(ncells):
+            cf = buf[p]
+            p += 1
+            if cf & 0x08:
+                if lts == _NO_TS:
+                    raise ValueError("cell uses missing row timestamp")
+                cts = lts
+            else:
+                b = buf[p]
+                if b < 0x80:
+                    u = b
+                    p += 1
+                else:
+                    u, p = _read_uvint(buf, p)
+                cts = ((u + ts0 + _B63) & _M64) - _B63
+            cttl = 0
+            cldt = _NO_LDT
+            if cf & 0x10:
+                if lttl == 0:
+                    raise ValueError("cell uses missing row ttl")
+                cttl = lttl
+                cldt = lldt
+            elif cf & 0x03:
+                u, p = _read_uvint(buf, p)
+                x = (u if u < 0x80000000 else (u & _M32) - ((u & _B31) << 1)) + ldt0
+                cldt = (x & _M32) if unsigned_ldt else ((x + _B31) & _M32) - _B31
+                if cf & 0x02:
+                    u, p = _read_uvint(buf, p)
+                    cttl = ((((u if u < 0x80000000 else (u & _M32) - ((u & _B31) << 1)) + ttl0) + _B31) & _M32) - _B31
+            if is_complex:
+                b = buf[p]
+                if b < 0x80:
+                    ln = b
+                    p += 1
+                else:
+                    ln, p = _read_uvint(buf, p)
+                path = buf[p:p + ln]
+                p += ln
+            else:
+                path = None
+            if cf & 0x04:
+                value = b""
+            elif fixed is not None and not is_complex:
+                value = buf[p:p + fixed]
+                p += fixed
+            else:
+                b = buf[p]
+                if b < 0x80:
+                    ln = b
+                    p += 1
+                else:
+                    ln, p = _read_uvint(buf, p)
+                    if ln >= 0x80000000:
+                        raise ValueError("negative length")
+                value = buf[p:p + ln]
+                p += ln
+            if cf & 0x01:
+                cell_append((uidx, cl, None, None, None, is_static, _TOMB, name, path, value, cts, 0,
+                             cldt))
+            else:
+                cell_append((uidx, cl, None, None, None, is_static, _CELL, name, path, value, cts,
+                             cttl, cldt if cttl else _NO_LDT))
+    if p > end:
+        raise ValueError("truncated")
+    if has_cdel:
+        rows_append(pending_cdel)
+        rows_append(cell_buf)
+    return p
+
+
+def decode_deletion(buf, p, ts0, ldt0, unsigned_ldt):
     """A delta-encoded DeletionTime: (marked_for_delete_at, local_deletion_time, next position)."""
     u, p = _read_uvint(buf, p)
     ts = ((u + ts0 + _B63) & _M64) - _B63
@@ -456,7 +467,8 @@ def _columns(buf, p, column_of):
     return tuple(cols), p
 
 
-def _clustering(buf, p, fixed_lengths, size):
+def decode_clustering_values(buf, p, fixed_lengths, size):
+    """The first ``size`` values of a clustering prefix (``None`` null, ``b""`` empty) and the next position."""
     values = []
     header = 0
     for i in range(size):

@@ -39,6 +39,29 @@ def range_tombstones(markers) -> list:
     return out
 
 
+def row_record_fields(row) -> list:
+    """(kind, column, path, value, timestamp, ttl, local_deletion_time) of each record of one row, in order:
+    liveness, deletion, complex deletions, cells."""
+    from cdc_lib.commitlog.model import NO_DELETION_TIME, NO_TIMESTAMP
+    out = []
+    lv = row.liveness
+    if lv is not None and lv.timestamp != NO_TIMESTAMP:
+        out.append((KIND_ROW_LIVENESS, None, None, None, lv.timestamp, lv.ttl,
+                    lv.local_expiration_time if lv.ttl else NO_DELETION_TIME))
+    if row.deletion is not None and not row.deletion.is_live:
+        out.append((KIND_ROW_DELETION_SHADOWABLE if row.shadowable else KIND_ROW_DELETION, None, None, None,
+                    row.deletion.marked_for_delete_at, 0, row.deletion.local_deletion_time))
+    for col, d in row.complex_deletions.items():
+        out.append((KIND_COMPLEX_DELETION, col, None, None, d.marked_for_delete_at, 0, d.local_deletion_time))
+    for c in row.cells:
+        if c.is_tombstone:
+            out.append((KIND_CELL_TOMBSTONE, c.column, c.path, c.value, c.timestamp, 0, c.local_deletion_time))
+        else:
+            out.append((KIND_CELL, c.column, c.path, c.value, c.timestamp, c.ttl,
+                        c.local_deletion_time if c.ttl else NO_DELETION_TIME))
+    return out
+
+
 def update_records(update, segment: str, segment_id: int, position: int, entry_index: int) -> list:
     """The cell-log records (dicts keyed like CELL_LOG_SCHEMA) of one partition update, in written order."""
     from cdc_lib.commitlog.model import NO_DELETION_TIME, NO_TIMESTAMP, RangeTombstoneMarker
@@ -66,23 +89,8 @@ def update_records(update, segment: str, segment_id: int, position: int, entry_i
         add(KIND_PARTITION_DELETION, timestamp=d.marked_for_delete_at, ldt=d.local_deletion_time)
 
     def row_records(row, clustering, is_static):
-        lv = row.liveness
-        if lv is not None and lv.timestamp != NO_TIMESTAMP:
-            add(KIND_ROW_LIVENESS, clustering, is_static, timestamp=lv.timestamp, ttl=lv.ttl,
-                ldt=lv.local_expiration_time if lv.ttl else NO_DELETION_TIME)
-        if row.deletion is not None and not row.deletion.is_live:
-            add(KIND_ROW_DELETION_SHADOWABLE if row.shadowable else KIND_ROW_DELETION, clustering, is_static,
-                timestamp=row.deletion.marked_for_delete_at, ldt=row.deletion.local_deletion_time)
-        for col, d in row.complex_deletions.items():
-            add(KIND_COMPLEX_DELETION, clustering, is_static, column=col, timestamp=d.marked_for_delete_at,
-                ldt=d.local_deletion_time)
-        for c in row.cells:
-            if c.is_tombstone:
-                add(KIND_CELL_TOMBSTONE, clustering, is_static, c.column, c.path, c.value, c.timestamp, 0,
-                    c.local_deletion_time)
-            else:
-                add(KIND_CELL, clustering, is_static, c.column, c.path, c.value, c.timestamp, c.ttl,
-                    c.local_deletion_time if c.ttl else NO_DELETION_TIME)
+        for kind, column, path, value, ts, ttl, ldt in row_record_fields(row):
+            add(kind, clustering, is_static, column, path, value, ts, ttl, ldt)
 
     if update.static_row is not None:
         row_records(update.static_row, b"", True)

@@ -1,7 +1,7 @@
 """The ``cassandra-cdc`` command.
 
     cassandra-cdc inspect [--schema FILE | --schema-from-log] [--keystore PATH --keystore-password PW |
-                          --key ALIAS=HEX] [--format json|text] [--strict] SEGMENT...
+                          --key ALIAS=HEX] [--format json|text] [--strict] SEGMENT|SSTABLE...
     cassandra-cdc agent ...          (see ``cassandra-cdc agent --help``)
     cassandra-cdc demo [--mutations N] (the main job on embedded defaults; see ``cdc_lib.demo``)
 
@@ -12,6 +12,7 @@ undecodable section or entry), 1 for usage errors.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 
@@ -38,12 +39,16 @@ def _load_keys(args):
 def _inspect(args) -> int:
     from cdc_lib.commitlog.reader import read_mutations
     from cdc_lib.commitlog.segment import DAMAGE_KINDS, Damage
+    from cdc_lib.sstable import is_sstable_input, read_sstable_mutations
 
     from .render import damage_json_record, mutation_json_records, text_lines
+    sstables = [p for p in args.segments if is_sstable_input(p)]
+    segments = [p for p in args.segments if not is_sstable_input(p)]
     schema = None
     if args.schema:
         from cdc_lib.cql.schema_from_ddl import load_cql_schema
-        schema = load_cql_schema(args.schema)
+        from cdc_lib.sstable.table import load_schema_file
+        schema = load_cql_schema(args.schema) if segments else load_schema_file(args.schema)
     keys = _load_keys(args)
     out = sys.stdout
     damaged = False
@@ -55,8 +60,9 @@ def _inspect(args) -> int:
         else:
             out.write(json.dumps(rec, ensure_ascii=False, separators=(",", ":")) + "\n")
 
-    for rec in read_mutations(sorted(args.segments, key=_segment_order), schema,
-                              schema_from_log=args.schema_from_log, keys=keys, strict=args.strict):
+    records = read_mutations(sorted(segments, key=_segment_order), schema, schema_from_log=args.schema_from_log,
+                             keys=keys, strict=args.strict) if segments else iter(())
+    for rec in itertools.chain(records, read_sstable_mutations(sstables, schema, strict=args.strict)):
         if isinstance(rec, Damage):
             if rec.kind in DAMAGE_KINDS:
                 damaged = True
@@ -80,9 +86,10 @@ def _segment_order(path):
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cassandra-cdc", description="Cassandra change data capture")
     sub = p.add_subparsers(dest="command", required=True)
-    ins = sub.add_parser("inspect", help="decode commit-log segments and print their mutations")
+    ins = sub.add_parser("inspect", help="decode commit-log segments or SSTables and print their contents")
     src = ins.add_mutually_exclusive_group()
-    src.add_argument("--schema", help="CQL schema file (DESCRIBE output with ID = ... table options)")
+    src.add_argument("--schema", help="CQL schema file (DESCRIBE output; segments need the tables' ID = ... "
+                                      "options, SSTables do not)")
     src.add_argument("--schema-from-log", action="store_true",
                      help="take the schema from system_schema mutations inside the segments")
     ins.add_argument("--keystore", help="JCEKS keystore with the commit-log encryption key")
@@ -91,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("--key", action="append", metavar="ALIAS=HEX", help="an encryption key given directly")
     ins.add_argument("--format", choices=("json", "text"), default="json")
     ins.add_argument("--strict", action="store_true", help="stop with an error at the first damaged byte")
-    ins.add_argument("segments", nargs="+", metavar="SEGMENT")
+    ins.add_argument("segments", nargs="+", metavar="SEGMENT|SSTABLE",
+                     help="commit-log segments, SSTable *-Data.db files or table directories")
     sub.add_parser("agent", help="ship cdc_raw segments to object storage (see: agent --help)", add_help=False)
     sub.add_parser("demo", help="run the whole pipeline on embedded servers (see: demo --help)", add_help=False)
     return p

@@ -61,8 +61,9 @@ def no_deletion_time(messaging_version: int) -> int:
     return NO_DELETION_TIME_UINT if messaging_version >= 13 else NO_DELETION_TIME
 
 
-class _Reader:
-    """A cursor over one mutation's bytes. Raises TruncatedError instead of IndexError/struct.error."""
+class Reader:
+    """A cursor over serialized bytes (a mutation, or a window of an SSTable's Data.db). Raises TruncatedError
+    instead of IndexError/struct.error."""
 
     __slots__ = ("buf", "pos", "end")
 
@@ -74,21 +75,21 @@ class _Reader:
     def u8(self) -> int:
         p = self.pos
         if p >= self.end:
-            raise TruncatedError("unexpected end of mutation", position=p)
+            raise TruncatedError("unexpected end of the data", position=p)
         self.pos = p + 1
         return self.buf[p]
 
     def u16(self) -> int:
         p = self.pos
         if p + 2 > self.end:
-            raise TruncatedError("unexpected end of mutation", position=p)
+            raise TruncatedError("unexpected end of the data", position=p)
         self.pos = p + 2
         return (self.buf[p] << 8) | self.buf[p + 1]
 
     def take(self, n: int) -> bytes:
         p = self.pos
         if n < 0 or p + n > self.end:
-            raise TruncatedError(f"value of {n} bytes runs past the end of the mutation", position=p)
+            raise TruncatedError(f"value of {n} bytes runs past the end of the data", position=p)
         self.pos = p + n
         return self.buf[p:p + n]
 
@@ -113,7 +114,7 @@ class _Reader:
         return self.take(self.uvint32())
 
 
-class _Times:
+class Times:
     """Delta decoding of timestamps, TTLs and local deletion times against one update's encoding stats."""
 
     __slots__ = ("ts0", "ldt0", "ttl0", "unsigned_ldt")
@@ -124,29 +125,30 @@ class _Times:
         self.ttl0 = stats.min_ttl
         self.unsigned_ldt = messaging_version >= 13
 
-    def ts(self, r: _Reader) -> int:
+    def ts(self, r: Reader) -> int:
         return wire.s64(r.uvint() + self.ts0)
 
-    def ldt(self, r: _Reader) -> int:
+    def ldt(self, r: Reader) -> int:
         v = r.uvint32() + self.ldt0
         return v & MASK32 if self.unsigned_ldt else wire.s32(v)
 
-    def ttl(self, r: _Reader) -> int:
+    def ttl(self, r: Reader) -> int:
         return wire.s32(r.uvint32() + self.ttl0)
 
-    def deletion(self, r: _Reader) -> DeletionTime:
+    def deletion(self, r: Reader) -> DeletionTime:
         ts = self.ts(r)
         return DeletionTime(ts, self.ldt(r))
 
 
-def _read_stats(r: _Reader, messaging_version: int) -> EncodingStats:
+def read_encoding_stats(r: Reader) -> EncodingStats:
+    """The EncodingStats of a mutation's partition update or of an SSTable's serialization header."""
     ts = wire.s64(r.uvint() + TIMESTAMP_EPOCH)
     ldt = wire.s32(r.uvint32() + DELETION_TIME_EPOCH)
     ttl = r.uvint32()
     return EncodingStats(ts, ldt, ttl)
 
 
-def _read_columns(r: _Reader, table, static: bool) -> tuple:
+def _read_columns(r: Reader, table, static: bool) -> tuple:
     n = r.uvint32()
     if n < 0 or n > r.end:
         raise MutationError(f"implausible column count {n}", position=r.pos)
@@ -162,7 +164,7 @@ def _read_columns(r: _Reader, table, static: bool) -> tuple:
     return tuple(names)
 
 
-def _read_clustering_values(r: _Reader, types: list, size: int) -> tuple:
+def read_clustering(r: Reader, types: list, size: int) -> tuple:
     values = []
     header = 0
     for i in range(size):
@@ -179,7 +181,7 @@ def _read_clustering_values(r: _Reader, types: list, size: int) -> tuple:
     return tuple(values)
 
 
-def _read_subset(r: _Reader, superset: tuple) -> tuple:
+def _read_subset(r: Reader, superset: tuple) -> tuple:
     v = r.uvint()
     n = len(superset)
     if v == 0:
@@ -204,7 +206,7 @@ def _read_subset(r: _Reader, superset: tuple) -> tuple:
     return tuple(c for i, c in enumerate(superset) if i in present)
 
 
-def _read_cell(r: _Reader, t: _Times, column: str, complex_: bool, fixed, liveness: LivenessInfo | None,
+def _read_cell(r: Reader, t: Times, column: str, complex_: bool, fixed, liveness: LivenessInfo | None,
                no_ldt: int) -> Cell:
     flags = r.u8()
     if flags & C_USE_ROW_TIMESTAMP:
@@ -236,11 +238,17 @@ def _read_cell(r: _Reader, t: _Times, column: str, complex_: bool, fixed, livene
     return Cell(column, value, ts, ttl, ldt, path, deleted)
 
 
-def _read_row(r: _Reader, flags: int, table, header_columns: tuple, clustering_types: list, t: _Times,
+def _read_row(r: Reader, flags: int, table, header_columns: tuple, clustering_types: list, t: Times,
               mv: int) -> Row:
     ext = r.u8() if flags & R_EXTENSION_FLAG else 0
-    is_static = bool(ext & RX_IS_STATIC)
-    clustering = () if is_static else _read_clustering_values(r, clustering_types, len(clustering_types))
+    clustering = () if ext & RX_IS_STATIC else read_clustering(r, clustering_types, len(clustering_types))
+    return read_row_body(r, flags, ext, clustering, table, header_columns, t, mv)
+
+
+def read_row_body(r: Reader, flags: int, ext: int, clustering: tuple, table, header_columns: tuple, t: Times,
+                  mv: int) -> Row:
+    """A row from its liveness on (after flags, extended flags, clustering and, in SSTables, the two sizes):
+    liveness, deletion, column subset, cells. The layout is the same in mutations and SSTables."""
     no_ldt = no_deletion_time(mv)
     liveness = None
     if flags & R_HAS_TIMESTAMP:
@@ -272,10 +280,11 @@ def _read_row(r: _Reader, flags: int, table, header_columns: tuple, clustering_t
         else:
             cells.append(_read_cell(r, t, name, False, ctype.fixed_length, liveness, no_ldt))
     return Row(clustering, liveness, deletion, bool(ext & RX_HAS_SHADOWABLE_DELETION), cells,
-               complex_deletions, is_static, columns)
+               complex_deletions, bool(ext & RX_IS_STATIC), columns)
 
 
-def _read_marker(r: _Reader, clustering_types: list, t: _Times) -> RangeTombstoneMarker:
+def read_bound(r: Reader, clustering_types: list) -> tuple:
+    """A range tombstone marker's bound, after its flags byte: (BoundKind, clustering prefix values)."""
     kind_ord = r.u8()
     try:
         kind = BoundKind(kind_ord)
@@ -287,7 +296,11 @@ def _read_marker(r: _Reader, clustering_types: list, t: _Times) -> RangeTombston
     if size > len(clustering_types):
         raise MutationError(f"range tombstone bound has {size} values, the table has "
                             f"{len(clustering_types)} clustering columns", position=r.pos)
-    values = _read_clustering_values(r, clustering_types, size)
+    return kind, read_clustering(r, clustering_types, size)
+
+
+def read_marker_body(r: Reader, kind: BoundKind, values: tuple, t: Times) -> RangeTombstoneMarker:
+    """A marker's deletion time(s), after its bound (and, in SSTables, its two sizes)."""
     if kind.is_boundary:
         end = t.deletion(r)
         start = t.deletion(r)
@@ -295,7 +308,12 @@ def _read_marker(r: _Reader, clustering_types: list, t: _Times) -> RangeTombston
     return RangeTombstoneMarker(kind, values, t.deletion(r))
 
 
-def decode_partition_update(r: _Reader, schema, messaging_version: int) -> PartitionUpdate:
+def _read_marker(r: Reader, clustering_types: list, t: Times) -> RangeTombstoneMarker:
+    kind, values = read_bound(r, clustering_types)
+    return read_marker_body(r, kind, values, t)
+
+
+def decode_partition_update(r: Reader, schema, messaging_version: int) -> PartitionUpdate:
     tid_bytes = r.take(16)
     table_id = uuid.UUID(bytes=tid_bytes)
     table = schema.table(table_id)
@@ -305,8 +323,8 @@ def decode_partition_update(r: _Reader, schema, messaging_version: int) -> Parti
         return PartitionUpdate(table_id, key, table, is_empty=True)
     if flags & P_IS_REVERSED:
         raise MutationError("reversed partition update in a mutation", position=r.pos)
-    stats = _read_stats(r, messaging_version)
-    t = _Times(stats, messaging_version)
+    stats = read_encoding_stats(r)
+    t = Times(stats, messaging_version)
     static_cols = _read_columns(r, table, True) if flags & P_HAS_STATIC_ROW else ()
     regular_cols = _read_columns(r, table, False)
     pdel = t.deletion(r) if flags & P_HAS_PARTITION_DELETION else None
@@ -340,7 +358,7 @@ def decode_mutation(data: bytes, schema, messaging_version: int = 12, *, source:
                     base_position: int = 0) -> Mutation:
     """Decode one mutation. Errors are typed (``MutationError``, ``UnknownTableError``...) and carry
     ``source`` and the absolute position (``base_position`` + offset in ``data``)."""
-    r = _Reader(data)
+    r = Reader(data)
     try:
         n = r.uvint32()
         if n <= 0 or n > len(data):
@@ -522,6 +540,12 @@ def _row_columns(row: Row, header: tuple) -> tuple:
 
 
 def _encode_row(w: _Writer, row: Row, table, header: tuple, clustering_types: list, mv: int) -> None:
+    flags, columns, liveness = _encode_row_head(w, row, header, clustering_types)
+    _encode_row_body(w, row, flags, table, header, columns, liveness, mv)
+
+
+def _encode_row_head(w: _Writer, row: Row, header: tuple, clustering_types: list) -> tuple:
+    """Flags, extended flags and clustering; returns what the body needs: (flags, columns, liveness)."""
     flags = 0
     ext = 0
     if row.is_static:
@@ -550,6 +574,12 @@ def _encode_row(w: _Writer, row: Row, table, header: tuple, clustering_types: li
             raise MutationError(f"row clustering has {len(row.clustering)} values, the table "
                                 f"{len(clustering_types)} clustering columns")
         _encode_clustering_values(w, clustering_types, row.clustering)
+    return flags, columns, liveness
+
+
+def _encode_row_body(w: _Writer, row: Row, flags: int, table, header: tuple, columns: tuple, liveness,
+                     mv: int) -> None:
+    """Liveness, deletion, column subset and cells (``read_row_body``'s inverse)."""
     if liveness is not None:
         w.ts(liveness.timestamp)
         if liveness.ttl != NO_TTL:
@@ -578,11 +608,34 @@ def _encode_row(w: _Writer, row: Row, table, header: tuple, clustering_types: li
             _encode_cell(w, cells[0], False, col.type.fixed_length, liveness)
 
 
+def encode_unfiltered(u, table, header: tuple, clustering_types: list, stats: EncodingStats, mv: int) -> tuple:
+    """(head, body) of a row or range tombstone marker, delta-encoded against ``stats``: the head is the flags,
+    extended flags and clustering (or bound), the body the rest. A mutation writes them back to back; an
+    SSTable writes the unfiltered's size and the previous unfiltered's size between them (format reference
+    SSTable §6.4-§6.5)."""
+    head, body = _Writer(stats), _Writer(stats)
+    if isinstance(u, RangeTombstoneMarker):
+        _encode_marker_head(head, u, clustering_types)
+        _encode_marker_body(body, u)
+    else:
+        flags, columns, liveness = _encode_row_head(head, u, header, clustering_types)
+        _encode_row_body(body, u, flags, table, header, columns, liveness, mv)
+    return bytes(head.out), bytes(body.out)
+
+
 def _encode_marker(w: _Writer, m: RangeTombstoneMarker, clustering_types: list) -> None:
+    _encode_marker_head(w, m, clustering_types)
+    _encode_marker_body(w, m)
+
+
+def _encode_marker_head(w: _Writer, m: RangeTombstoneMarker, clustering_types: list) -> None:
     w.out.append(R_IS_MARKER)
     w.out.append(int(m.kind))
     w.out += len(m.clustering).to_bytes(2, "big")
     _encode_clustering_values(w, clustering_types, m.clustering)
+
+
+def _encode_marker_body(w: _Writer, m: RangeTombstoneMarker) -> None:
     if m.kind.is_boundary:
         w.deletion(m.end_deletion)
         w.deletion(m.start_deletion)

@@ -234,9 +234,10 @@ def _unquote_string(s: str) -> str:
 
 
 class _Loader:
-    def __init__(self, source: str, allow_missing_ids: bool):
+    def __init__(self, source: str, allow_missing_ids: bool, warn_missing_ids: bool = True):
         self.source = source
         self.allow_missing_ids = allow_missing_ids
+        self.warn_missing_ids = warn_missing_ids
         self.keyspace: Optional[str] = None
         self.keyspaces: set = set()
         self.types: dict = {}          # (ks, name) -> UdtType (non-frozen)
@@ -555,8 +556,9 @@ class _Loader:
                 raise SchemaError(f"{where}: table {qualified} has no ID option: its commit-log mutations cannot "
                                   f"be matched to it (use DESCRIBE ... WITH INTERNALS, or allow_missing_ids)")
             table_id = name_uuid_from_bytes(t.keyspace.encode("utf-8") + t.name.encode("utf-8"))
-            log.warning("%s: table %s has no ID option; using the made-up id %s, which no commit log will "
-                        "contain", where, qualified, table_id)
+            if self.warn_missing_ids:
+                log.warning("%s: table %s has no ID option; using the made-up id %s, which no commit log will "
+                            "contain", where, qualified, table_id)
 
         def typ(col):
             try:
@@ -621,11 +623,12 @@ def _unique(base: str, used: set, first_bare: bool) -> str:
 
 
 def load_cql_schema(text_or_path: Union[str, Path], *, allow_missing_ids: bool = False,
-                    source: Optional[str] = None) -> Schema:
+                    warn_missing_ids: bool = True, source: Optional[str] = None) -> Schema:
     """A Schema from CQL DDL text, or from the file at ``text_or_path`` (a Path, or a str naming a file).
 
     Raises SchemaError (with file:line) for statements it cannot read and for tables without an ``ID``
-    option, unless ``allow_missing_ids`` (then the id is made up deterministically and a warning logged).
+    option, unless ``allow_missing_ids`` (then the id is made up deterministically and, if
+    ``warn_missing_ids``, a warning logged; SSTable readers take table ids from directories and need none).
     """
     text = None
     if isinstance(text_or_path, Path):
@@ -641,6 +644,6 @@ def load_cql_schema(text_or_path: Union[str, Path], *, allow_missing_ids: bool =
         except OSError as e:
             raise SchemaError(f"cannot read CQL schema {path}: {e}") from e
         source = source or str(path)
-    loader = _Loader(source or "<cql>", allow_missing_ids)
+    loader = _Loader(source or "<cql>", allow_missing_ids, warn_missing_ids)
     loader.run(text)
     return loader.build()
