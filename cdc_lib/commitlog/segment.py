@@ -31,6 +31,7 @@ import json
 import mmap
 import os
 import re
+import uuid
 import zlib
 from dataclasses import dataclass, field
 from typing import Iterator, Optional, Union
@@ -107,6 +108,7 @@ class Damage:
     reason: str
     data: bytes = field(repr=False, default=b"")
     physical_position: Optional[int] = None
+    table_id: Optional[uuid.UUID] = None       # the table an ``unknown_table`` entry names
 
     @property
     def is_torn_tail(self) -> bool:
@@ -242,7 +244,11 @@ class SegmentReader:
         codec = None
         if compressed:
             from .compression import compressor_for
-            codec = compressor_for(header.compression_class, header.params.get("compressionParameters"))
+            try:
+                codec = compressor_for(header.compression_class, header.params.get("compressionParameters"))
+            except CdcError as e:       # e.g. a compressor this reader does not know: no section can be read
+                yield self._damage(0, "header", f"cannot read its sections: {e}", buf)
+                return
         n = len(buf)
         pos = header.size
         logical = header.size
@@ -263,8 +269,8 @@ class SegmentReader:
                 return
             cut = None
             if nxt > n:
-                cut = _Cut(f"torn tail: the section at file offset {pos} ends at {nxt}, past the end of the file "
-                           f"({n} bytes); {nxt - n} bytes are missing")
+                cut = _Cut(f"the section at file offset {pos} ends at {nxt}, past the end of the file ({n} bytes): "
+                           f"{nxt - n} bytes are missing")
             if not compressed and not encrypted:
                 yield from self._entries(buf, pos + SYNC_MARKER_SIZE, min(nxt, n), pos + SYNC_MARKER_SIZE, cut)
                 if self._ended or cut:
@@ -298,7 +304,7 @@ class SegmentReader:
                 logical = section_logical + ulen
                 continue
             if cut:
-                yield from self._torn_section(buf, pos, payload, ulen, section_logical, cut)
+                yield from self._torn_section(buf, pos, payload, ulen, section_logical, codec, cut)
                 return
             try:
                 data = self._decode_section(payload, ulen, codec)
@@ -316,8 +322,8 @@ class SegmentReader:
             logical = section_logical + ulen
         if pos < n and any(buf[pos:n]):
             # Fewer than 8 bytes left and not all zero: the file was cut inside a sync marker.
-            yield self._damage(logical, "torn_tail", f"torn tail: the file ends inside the sync marker at file "
-                               f"offset {pos} ({n - pos} of its 8 bytes)", buf[pos:n], pos)
+            yield self._damage(logical, "torn_tail", f"the file ends inside the sync marker at file offset {pos} "
+                               f"({n - pos} of its 8 bytes)", buf[pos:n], pos)
 
     def _decode_section(self, payload: bytes, ulen: int, codec) -> bytes:
         header = self.header
@@ -333,7 +339,7 @@ class SegmentReader:
                                   f"(alias {header.params.get('encKeyAlias')!r})")
         return self.keys
 
-    def _torn_section(self, buf, pos: int, payload: bytes, ulen: int, section_logical: int,
+    def _torn_section(self, buf, pos: int, payload: bytes, ulen: int, section_logical: int, codec,
                       cut: _Cut) -> Iterator[Record]:
         """The entries a compressed/encrypted section cut by the end of the file still holds, then the damage."""
         header = self.header
@@ -342,9 +348,7 @@ class SegmentReader:
                 from .encryption import decrypt_section_prefix
                 data = decrypt_section_prefix(payload, ulen, header.params, self._keys_for(header))
             else:
-                from .compression import compressor_for
-                data = compressor_for(header.compression_class,
-                                      header.params.get("compressionParameters")).decompress_prefix(payload, ulen)
+                data = codec.decompress_prefix(payload, ulen)
             reason = cut.reason
         except CdcError as e:
             data = b""
@@ -367,7 +371,7 @@ class SegmentReader:
 
         def torn(what: str) -> Damage:
             data, physical = (buf[p:end], None) if cut.raw is None else (cut.raw, cut.physical)
-            return self._damage(p + shift, "torn_tail", f"{what}; {cut.reason}", data, physical)
+            return self._damage(p + shift, "torn_tail", f"{what}: {cut.reason}", data, physical)
 
         while p < end:
             if stop is not None and p + shift >= stop:
