@@ -324,9 +324,9 @@ def try_it_commands(work: Path) -> list:
         f"{py} -c \"import duckdb; from deltalake import DeltaTable; orders = DeltaTable('{orders}')"
         ".to_pyarrow_dataset(); duckdb.sql('SELECT status, count(*) AS n FROM orders WHERE _cdc_live GROUP BY "
         "status ORDER BY status').show()\"",
-        f"{py} -c \"import duckdb; from deltalake import DeltaTable; events = DeltaTable('{store / 'delta' / 'events'}')"
-        ".to_pyarrow_dataset(); duckdb.sql('SELECT \\\"table\\\", op, count(*) AS n FROM events GROUP BY ALL ORDER BY "
-        "ALL').show()\"",
+        f"{py} -c \"import duckdb; from deltalake import DeltaTable; "
+        f"events = DeltaTable('{store / 'delta' / 'events'}').to_pyarrow_dataset(); "
+        "duckdb.sql('SELECT \\\"table\\\", op, count(*) AS n FROM events GROUP BY ALL ORDER BY ALL').show()\"",
         f"{cli} inspect --schema {work / 'schema.cql'} --format text "
         f"{store / 'archived' / CLUSTER / 'node1'}/CommitLog-7-*.log | head -20",
     ]
@@ -337,8 +337,8 @@ def try_it_commands(work: Path) -> list:
 def _prepare_workdir(work: Path) -> None:
     if work.exists() and any(work.iterdir()):
         if not (work / MARKER).exists():
-            raise SystemExit(f"cassandra-cdc demo: {work} is not empty and not an earlier demo's workdir; choose another "
-                             "with --workdir")
+            raise SystemExit(f"cassandra-cdc demo: {work} is not empty and not an earlier demo's workdir; "
+                             "choose another with --workdir")
         shutil.rmtree(work)          # an earlier demo's files: start afresh
     work.mkdir(parents=True, exist_ok=True)
     (work / MARKER).write_text("made by cassandra-cdc demo; deleted by the next demo run here\n")
@@ -359,7 +359,9 @@ def run_demo(n_mutations: int = 2000, workdir: Path = DEFAULT_WORKDIR, seed: int
     try:
         schema_file = work / "schema.cql"
         schema_file.write_text(SAMPLE_SCHEMA_CQL)
-        _say(f"workdir {work} (kept after the demo; --clean deletes it, the next demo run here starts afresh)")
+        _say(f"workdir {work} (" + ("deleted at the end: --clean" if clean else
+                                    "kept after the demo; --clean deletes it, the next demo run here starts afresh")
+             + ")")
         with _step(f"generating {n_mutations} writes on 3 nodes, RF 3 (sample schema: {schema_file})") as notes:
             schema = sample_schema()
             workload = Workload(schema, seed=seed)
