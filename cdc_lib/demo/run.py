@@ -460,7 +460,7 @@ def run_demo(n_mutations: int = 2000, workdir: Path = DEFAULT_WORKDIR, seed: int
             shutil.rmtree(work, ignore_errors=True)
 
 
-def demo_main(argv=None) -> int:
+def build_parser():
     from cdc_lib.cli import exits
     p = exits.ArgumentParser(
         prog="cassandra-cdc demo",
@@ -476,7 +476,12 @@ def demo_main(argv=None) -> int:
     p.add_argument("--clean", action="store_true", help="delete the workdir at the end")
     p.add_argument("--seed", type=int, default=7, help="seed of the generated workload (7): same seed, same writes")
     p.add_argument("--max-segments", type=int, default=16, help="segments per batch, a DAG param (16)")
-    a = p.parse_args(argv)
+    return p
+
+
+def demo_main(argv=None) -> int:
+    from cdc_lib.cli import exits
+    a = build_parser().parse_args(argv)
     try:
         run_demo(a.mutations, a.workdir, a.seed, a.max_segments, a.clean)
     except KeyboardInterrupt:
