@@ -67,7 +67,8 @@ def test_sample_events_are_whole_and_readable(demo):
     assert "by TTL expiry" in part
     orders = [c.name for c in sample_schema().by_name("shop", "orders").columns.values()]
     block = part.split("    cdc.")[2]                                    # the update: every column, changed ones *
-    rows = re.findall(r"^      ([* ]) (\w+) +(.*?) -> (.*)$", block, re.M)
+    rows = [(mark, name, before.strip(), after.strip())
+            for mark, name, before, after in re.findall(r"^      ([* ]) (\w+) +(.*?) -> (.*)$", block, re.M)]
     if headers[0][0] == "cdc.shop.orders":
         assert sorted(name for _, name, _, _ in rows) == sorted(orders)
     assert any(mark == "*" and before != after for mark, _, before, after in rows)
