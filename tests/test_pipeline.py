@@ -302,3 +302,26 @@ def test_torn_segment_its_whole_entries_become_events_and_the_segment_is_quarant
     for t in schema.tables.values():
         if not t.keyspace.startswith("system"):
             assert replayed.get((t.keyspace, t.name), {}) == json_table(t, model_table(t, kept, NOW)), t.name
+
+
+def test_staging_of_remote_segments_is_private_to_each_attempt(tmp_path):
+    """Batch ids repeat across stores: two pipelines on one worker staging batch 1 at once must not share (and
+    then delete) each other's files. (The demo's first transform failed that way next to another pipeline.)"""
+    import shutil
+    import uuid
+
+    from cdc_lib.pipeline.steps import _stage_segments
+    staged = []
+    for n in range(2):
+        cfg = P.PipelineConfig(store_url=f"memory://stage-{uuid.uuid4().hex}", cluster="c1",
+                               staging_dir=str(tmp_path / "staging"))
+        store = P.open_store(cfg)
+        key = _put_segment(store, "n1", 1, size=1000 + n)
+        batch = P.Batch(P.batch_id_for(1), 1, "claimed", [{"key": key, "node": "n1", "name": _segment_name(1),
+                                                           "size": 1000 + n, "checksum": store.info(key).checksum}],
+                        NOW, None)
+        staged.append(_stage_segments(store, cfg, batch))
+    (first_paths, first_dir), (second_paths, second_dir) = staged
+    assert first_dir != second_dir and first_paths[0].endswith("/n1/" + _segment_name(1))
+    shutil.rmtree(first_dir)                         # the first pipeline is done with its batch
+    assert open(second_paths[0], "rb").read() == bytes([1]) * 1001
