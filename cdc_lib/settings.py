@@ -334,6 +334,7 @@ class PipelineConfig:
     staging_dir: Optional[str] = None          # where segments of a remote store are fetched to
     now: Optional[int] = None                  # fixed processing time (seconds) for tests/demo; None: wall clock
     sweep_interval_s: int = 300                # an empty run sweeps TTL expiries this long after the last batch
+    vacuum_retention_hours: int = 168          # maintenance: Delta history vacuum keeps (Delta's 7-day default)
     app_id: str = "cassandra-cdc"
     kafka_conn_id: str = "cassandra_cdc_kafka"          # Airflow connections the DAG reads (see pipeline.airflow)
     s3_conn_id: str = "cassandra_cdc_s3"

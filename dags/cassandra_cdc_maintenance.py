@@ -10,7 +10,7 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from airflow.sdk import Param, dag, task
+from airflow.sdk import dag, task
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -26,7 +26,7 @@ from cdc_lib.pipeline.airflow import config_from_airflow_context as _config
     start_date=datetime(2025, 1, 1),
     catchup=False,
     max_active_runs=1,
-    params={**airflow_params(), "vacuum_retention_hours": Param(168, type="integer", minimum=0)},
+    params=airflow_params(),
     tags=["cassandra", "cdc", "maintenance"],
     doc_md=__doc__,
 )
@@ -38,11 +38,9 @@ def cassandra_cdc_maintenance():
 
     @task
     def delta_upkeep() -> dict:
-        from airflow.sdk import get_current_context
-
         from cdc_lib.pipeline.maintenance import delta_upkeep as upkeep
-        hours = int(get_current_context()["params"].get("vacuum_retention_hours", 168))
-        return upkeep(_config(), vacuum_retention_hours=hours)
+        config = _config()
+        return upkeep(config, vacuum_retention_hours=config.vacuum_retention_hours)
 
     expiry_sweep() >> delta_upkeep()
 

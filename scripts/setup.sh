@@ -15,6 +15,10 @@ die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
 is_py311() { "$1" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' >/dev/null 2>&1; }
 # This workplace's pip.conf names local indexes that may not exist; drop pip's warning about each of them.
 pip_install() { "$VPY" -m pip install -q "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
+# setuptools prints a 12-line "Editable installation." notice (a warning, not an error) for every editable install;
+# this filter drops that one notice and nothing else: real build errors still show.
+EDITABLE_NOTICE_FILTER="ignore:Editable installation"
+pip_install_editable() { PYTHONWARNINGS="$EDITABLE_NOTICE_FILTER${PYTHONWARNINGS:+,$PYTHONWARNINGS}" pip_install "$@"; }
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else return 1; fi; }
 
 # --- 1. a Python >= 3.11 (3.11 is what CI tests; $PYTHON overrides)
@@ -59,7 +63,7 @@ else
     start=$SECONDS
     pip_install -r requirements.txt
     log "installing the project (editable): pip install -e ."
-    pip_install -e .
+    pip_install_editable -e .
     log "python packages installed in $((SECONDS - start)) s"
     echo "$want" > "$STAMP"
 fi

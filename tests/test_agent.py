@@ -572,17 +572,72 @@ def test_flags_reach_the_config(tmp_path):
 
 
 def test_agent_main_once_and_config_errors(node, segment_bytes, capsys, monkeypatch):
+    """Exit statuses (cli.exits): 0 done, 1 usage/configuration error, 3 a segment could not be shipped; --once
+    says in one line what it did and what cdc_raw still holds."""
     for var in [v for v in os.environ if v.startswith("CASSANDRA_CDC_")]:
         monkeypatch.delenv(var)
-    add_311_segment(node, 3, segment_bytes)
     argv = ["--cdc-raw", str(node / "cdc_raw"), "--store-url", str(node / "store"), "--cluster", "prod",
             "--node", "cass-1", "--state-dir", str(node / "state"), "--once"]
     assert agent_main(argv) == 0
+    assert capsys.readouterr().out == f"cassandra-cdc agent: nothing shipped; {node / 'cdc_raw'} holds no segment\n"
+    add_311_segment(node, 3, segment_bytes)
+    add_40_segment(node, 4, segment_bytes)
+    write_idx(node, 4, "1234")
+    assert agent_main(argv) == 0
     assert store_of(node).list() == [incoming("CommitLog-6-3.log")]
-    assert agent_main(["--store-url", str(node / "store"), "--cluster", "prod", "--once"]) == 2
-    assert "--cdc-raw" in capsys.readouterr().err
-    assert agent_main(argv[:-1] + ["--cdc-raw", str(node / "missing"), "--once"]) == 2
-    assert "does not exist" in capsys.readouterr().err
+    assert capsys.readouterr().out == (
+        f"cassandra-cdc agent: shipped 1 segment(s), {len(segment_bytes):,} bytes, to {store_of(node).url}; "
+        f"{node / 'cdc_raw'} holds 1 live segment(s), shipped once their _cdc.idx says COMPLETED\n")
+
+    assert agent_main(["--store-url", str(node / "store"), "--cluster", "prod", "--once"]) == 1
+    assert capsys.readouterr().err == ("cassandra-cdc agent: AgentConfig: missing required setting(s): "
+                                       "--cdc-raw / CASSANDRA_CDC_CDC_RAW\n")
+    assert agent_main(argv[:-1] + ["--cdc-raw", str(node / "missing"), "--once"]) == 1
+    assert capsys.readouterr().err == f"cassandra-cdc agent: cdc_raw directory {node / 'missing'} does not exist\n"
+    with pytest.raises(SystemExit) as e:
+        agent_main(["--no-such-flag"])
+    assert e.value.code == 1
+    assert capsys.readouterr().err.endswith("cassandra-cdc agent: error: unrecognized arguments: --no-such-flag\n")
+
+
+def test_agent_once_that_cannot_ship_exits_3_and_says_why(node, segment_bytes, capsys, monkeypatch):
+    from cdc_lib.cli import agent as agent_cli
+    add_311_segment(node, 5, segment_bytes)
+    monkeypatch.setattr(agent_cli, "Agent", lambda cfg: Agent(cfg, FlakyStore(str(node / "store"), failures=1)))
+    argv = ["--cdc-raw", str(node / "cdc_raw"), "--store-url", str(node / "store"), "--cluster", "prod",
+            "--node", "cass-1", "--state-dir", str(node / "state"), "--once"]
+    assert agent_main(argv) == 3
+    assert capsys.readouterr().out == (
+        f"cassandra-cdc agent: nothing shipped; {node / 'cdc_raw'} holds 1 completed segment(s) not shipped "
+        "(last error: CommitLog-6-5.log: OSError: connection reset by peer)\n")
+
+
+def test_unreadable_idx_is_named_in_a_rate_limited_warning(node, segment_bytes, caplog, capsys):
+    """A garbage _cdc.idx keeps its segment waiting; the agent names it (not for a rewrite caught half-way)."""
+    _, link = add_40_segment(node, 8, segment_bytes)
+    idx = write_idx(node, 8, "garbage")
+    clock = FakeClock()
+    agent = Agent(make_config(node), clock=clock)
+    with caplog.at_level(logging.WARNING, logger="cassandra_cdc.agent"):
+        agent.run_once()
+        clock.now += 29                                   # not yet: could be a rewrite in progress
+        agent.run_once()
+        assert [r for r in caplog.records if "unreadable" in r.getMessage()] == []
+        clock.now += 2
+        agent.run_once()
+        clock.now += 300                                  # still broken: not repeated within 10 minutes
+        agent.run_once()
+        warned = [r.getMessage() for r in caplog.records if "unreadable" in r.getMessage()]
+        assert warned == [f"{idx} has been unreadable for 31 s (it holds b'garbage'; Cassandra writes '<offset>' or "
+                          f"'<offset>\\nCOMPLETED'): {link.name} is not shipped until the idx is readable"]
+        clock.now += 300
+        agent.run_once()
+        assert len([r for r in caplog.records if "unreadable" in r.getMessage()]) == 2
+    assert agent.metrics()["unreadable_idx"] == 1 and link.exists()
+    assert agent.pass_summary() == (f"nothing shipped; {node / 'cdc_raw'} holds 1 segment(s) waiting on an "
+                                    f"unreadable _cdc.idx: {idx}")
+    write_idx(node, 8, f"{len(segment_bytes)}\nCOMPLETED")
+    assert agent.run_once() == 1 and agent.metrics()["unreadable_idx"] == 0
 
 
 def test_sigterm_stops_the_agent_cleanly(node, segment_bytes):

@@ -88,22 +88,172 @@ def test_inspect_with_schema_file_every_kind(tmp_path):
     assert "shop.orders" in text and "DELETED" in text or "deleted at" in text
 
 
-def test_inspect_damaged_segment_exit_status(corpus, tmp_path):
-    src = sorted(glob.glob(str(corpus / "commitlog" / "4.0.11" / "*.log")))[0]
-    raw = bytearray(open(src, "rb").read())
-    raw[30000] ^= 0xFF
-    bad = tmp_path / os.path.basename(src)
-    bad.write_bytes(bytes(raw))
+REAL_40 = "4.0.11/CommitLog-7-1699285478684.log"
+REAL_30 = "3.0.29/CommitLog-6-1699279786262.log"
+
+
+def _records(stdout: str) -> list:
+    return [json.loads(line) for line in stdout.splitlines()]
+
+
+def _copy(corpus, rel, tmp_path, edit=lambda raw: raw) -> Path:
+    raw = (corpus / "commitlog" / rel).read_bytes()
+    out = tmp_path / rel.rsplit("/", 1)[1]
+    out.write_bytes(edit(bytearray(raw)))
+    return out
+
+
+def test_inspect_torn_segment_prints_every_whole_entry_and_exits_2(corpus, tmp_path):
+    """Issue 13, item 1: the real 4.0.11 segment cut at byte 37,500 (inside its third section)."""
+    cut = _copy(corpus, REAL_40, tmp_path, lambda raw: raw[:37500])
+    p = run("inspect", "--schema-from-log", cut)
+    assert p.returncode == 2
+    recs = _records(p.stdout)
+    intact = _records(run("inspect", "--schema-from-log", corpus / "commitlog" / REAL_40, check_exit=0).stdout)
+    assert recs[:-1] == [r for r in intact if r["position"] <= 37500]      # every whole entry, as intact
+    assert sum(r["table"] == "Standard1" for r in recs[:-1]) == 172
+    reason = ("the entry of 184 bytes at 37416 is cut after 76 bytes: the section at file offset 1576 ends at "
+              "75003, past the end of the file (37500 bytes): 37503 bytes are missing")
+    assert recs[-1] == {"segment": cut.name, "position": 37416, "kind": "error", "error": "torn_tail",
+                        "reason": reason, "bytes": 84}
+    assert p.stderr == (f"cassandra-cdc inspect: damaged input: 1 damage record(s) in 1 of 1 segment(s); first "
+                        f"{cut.name} @ 37416: torn_tail: {reason}\n")
+    strict = run("inspect", "--schema-from-log", "--strict", cut)
+    assert strict.returncode == 2 and _records(strict.stdout) == recs[:-1]
+    assert strict.stderr == (f"cassandra-cdc inspect: stopped at the first damage (--strict): {cut.name} @ 37416: "
+                             f"torn_tail: {reason}\n")
+
+
+def test_inspect_bit_flip_is_damage_even_with_strict(corpus, tmp_path):
+    def flip(raw):
+        raw[30000] ^= 0xFF
+        return raw
+    bad = _copy(corpus, REAL_40, tmp_path, flip)
     p = run("inspect", "--schema-from-log", bad)
     assert p.returncode == 2
-    recs = [json.loads(line) for line in p.stdout.splitlines()]
-    errs = [r for r in recs if r["kind"] == "error" and r["error"] != "unknown_table"]
-    assert errs and errs[0]["segment"] == bad.name and errs[0]["position"] > 0
-    assert sum(r["kind"] == "row" for r in recs) > 300                  # everything else was read
-    strict = run("inspect", "--schema-from-log", "--strict", bad)
-    assert strict.returncode == 2 and "Traceback" not in strict.stderr and bad.name in strict.stderr
+    errs = [r for r in _records(p.stdout) if r["kind"] == "error"]
+    assert [(r["error"], r["position"]) for r in errs] == [("crc_mismatch", 29908)]
+    assert sum(r["kind"] == "row" for r in _records(p.stdout)) == 354       # everything else was read
+    assert p.stderr == (f"cassandra-cdc inspect: damaged input: 1 damage record(s) in 1 of 1 segment(s); first "
+                        f"{bad.name} @ 29908: crc_mismatch: mutation CRC mismatch in entry of 192 bytes\n")
+    strict = run("inspect", "--schema-from-log", "--strict", "--system", bad)     # system entries do not stop it
+    assert strict.returncode == 2 and strict.stderr == (
+        f"cassandra-cdc inspect: stopped at the first damage (--strict): {bad.name} @ 29908: crc_mismatch: "
+        "mutation CRC mismatch in entry of 192 bytes\n")
 
 
-def test_inspect_usage_errors():
-    p = run("inspect", "--keystore", "/nonexistent.jceks", "x.log")
-    assert p.returncode != 0 and "Traceback" not in p.stderr
+@pytest.mark.parametrize("rel", [REAL_30, REAL_40])
+def test_strict_on_a_pristine_segment_reads_everything(corpus, rel):
+    """--strict is about damage: entries of tables the schema does not know (Cassandra's own) do not stop it."""
+    seg = corpus / "commitlog" / rel
+    for extra in ((), ("--system",)):
+        plain = run("inspect", "--schema-from-log", *extra, seg, check_exit=0)
+        strict = run("inspect", "--schema-from-log", "--strict", *extra, seg, check_exit=0)
+        assert strict.stdout == plain.stdout and strict.stderr == plain.stderr == ""
+
+
+def test_system_keyspaces_are_left_out_unless_asked_for(corpus):
+    seg = corpus / "commitlog" / REAL_30
+    recs = _records(run("inspect", "--schema-from-log", seg, check_exit=0).stdout)
+    assert {(r["keyspace"], r["table"], r["kind"]) for r in recs} == {("Keyspace1", "Standard1", "row")}
+    everything = _records(run("inspect", "--schema-from-log", "--system", seg, check_exit=0).stdout)
+    unknown = [r for r in everything if r["kind"] == "error"]
+    assert len(unknown) == 68 and {r["error"] for r in unknown} == {"unknown_table"}
+    assert {r["keyspace"] for r in everything if r["kind"] != "error"} == {"system_schema", "Keyspace1"}
+    assert [r for r in everything if r.get("keyspace") == "Keyspace1"] == recs
+
+
+def test_without_a_schema_option_it_says_which_option_is_missing(corpus):
+    p = run("inspect", corpus / "commitlog" / REAL_30, check_exit=0)
+    assert {(r["kind"], r["error"]) for r in _records(p.stdout)} == {("error", "unknown_table")}
+    assert p.stderr == ("cassandra-cdc inspect: no schema given, so none of the 98 entries could be decoded: add "
+                        "--schema FILE (cqlsh -e 'DESCRIBE SCHEMA' output) or --schema-from-log\n")
+
+
+def _bad_inputs(tmp_path):
+    good_schema = tmp_path / "schema.cql"
+    good_schema.write_text(SAMPLE_SCHEMA_CQL)
+    binary = tmp_path / "binary.cql"
+    binary.write_bytes(b"CREATE TABLE \xff\xfe\x00")
+    prose = tmp_path / "notes.txt"
+    prose.write_text("just some notes\n")
+    no_key = tmp_path / "keystore.jceks"
+    no_key.write_bytes(os.urandom(64))
+    missing = tmp_path / "missing.log"
+    return {
+        "missing segment": (["inspect", "--schema-from-log", "SEG", missing],
+                            f"{missing}: no such segment file"),
+        "directory": (["inspect", "SEG", tmp_path],
+                      f"{tmp_path}: is a directory without SSTables (no *-Data.db file in it)"),
+        "binary schema": (["inspect", "--schema", binary, "SEG"],
+                          f"{binary}: is not a CQL text file (byte 0xff at offset 13 is not UTF-8)"),
+        "schema without tables": (["inspect", "--schema", prose, "SEG"],
+                                  f"{prose}: holds no CREATE TABLE statement (give the output of cqlsh -e "
+                                  "'DESCRIBE SCHEMA')"),
+        "missing schema": (["inspect", "--schema", tmp_path / "nope.cql", "SEG"],
+                           f"{tmp_path / 'nope.cql'}: no such schema file"),
+        "missing keystore": (["inspect", "--keystore", tmp_path / "nope.jceks", "--keystore-password", "x", "SEG"],
+                             f"{tmp_path / 'nope.jceks'}: no such keystore"),
+        "garbage keystore": (["inspect", "--keystore", no_key, "--keystore-password", "x", "SEG"],
+                             f"keystore {no_key} cannot be read as JCEKS/JKS: Not a JKS or JCEKS keystore (magic "
+                             "number wrong; expected FEEDFEED or CECECECE)"),
+        "keystore without password": (["inspect", "--keystore", no_key, "SEG"], "--keystore needs --keystore-password"),
+        "bad key": (["inspect", "--key", "k1=zz", "SEG"], "encryption key for 'k1' is not hexadecimal"),
+    }
+
+
+@pytest.mark.parametrize("case", ["missing segment", "directory", "binary schema", "schema without tables",
+                                  "missing schema", "missing keystore", "garbage keystore",
+                                  "keystore without password", "bad key"])
+def test_bad_inputs_are_one_line_before_any_output(corpus, tmp_path, case):
+    """Inputs are checked before anything is read: no partial output, no traceback, one line naming the file."""
+    argv, message = _bad_inputs(tmp_path)[case]
+    argv = [corpus / "commitlog" / REAL_40 if a == "SEG" else a for a in argv]
+    p = run(*argv)
+    assert (p.returncode, p.stdout, p.stderr) == (1, "", f"cassandra-cdc inspect: {message}\n")
+
+
+def test_unreadable_segment_is_one_line(corpus, tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root reads files whatever their mode")
+    seg = _copy(corpus, REAL_40, tmp_path)
+    seg.chmod(0)
+    p = run("inspect", seg)
+    assert (p.returncode, p.stdout, p.stderr) == (1, "", f"cassandra-cdc inspect: {seg}: cannot be read "
+                                                        "(Permission denied)\n")
+
+
+def test_usage_errors_exit_1_and_help_documents_the_exit_statuses():
+    p = run("inspect")
+    assert p.returncode == 1 and p.stdout == ""
+    assert p.stderr.endswith("cassandra-cdc inspect: error: the following arguments are required: SEGMENT|SSTABLE\n")
+    p = run("no-such-command")
+    assert p.returncode == 1 and "invalid choice: 'no-such-command'" in p.stderr
+    p = run("agent", "--once", "--store-url", "memory://x")
+    assert p.returncode == 1 and "missing required setting" in p.stderr and "Traceback" not in p.stderr
+    for argv in (["--help"], ["inspect", "--help"], ["agent", "--help"], ["demo", "--help"]):
+        h = run(*argv, check_exit=0).stdout
+        assert "exit status: 0 done, nothing damaged; 1 usage or configuration error" in " ".join(h.split()), argv
+    agent_help = run("agent", "--help", check_exit=0).stdout
+    assert "do not ship live prefixes" in " ".join(agent_help.split())
+    demo_help = run("demo", "--help", check_exit=0).stdout
+    assert "``" not in demo_help and "--seed SEED" in demo_help
+
+
+def test_every_option_of_every_subcommand_has_help_text():
+    import argparse
+
+    from cdc_lib.cli.agent import build_parser as agent_parser
+    from cdc_lib.cli.main import build_parser
+    from cdc_lib.demo.run import build_parser as demo_parser
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for name, parser in (("inspect", sub.choices["inspect"]), ("agent", agent_parser()), ("demo", demo_parser())):
+        for action in parser._actions:
+            assert action.help and action.help.strip(), f"{name} {action.option_strings or action.dest}: no help"
+
+
+def test_inspect_into_a_closed_pipe_is_quiet(corpus):
+    cmd = [str(CONSOLE)] if CONSOLE.exists() else [sys.executable, "-m", "cdc_lib.cli"]
+    p = subprocess.run(" ".join(cmd + ["inspect", "--schema-from-log", str(corpus / "commitlog" / REAL_40)])
+                       + " | head -1", shell=True, capture_output=True, text=True, cwd=REPO)
+    assert len(p.stdout.splitlines()) == 1 and p.stderr == ""

@@ -275,6 +275,33 @@ def test_truncated_payload_is_a_compression_error(data, name, cut):
 
 
 @settings(max_examples=100, deadline=None)
+@given(data=st.builds(_sample, st.integers(0, 20000), st.integers(0, 1000)),
+       name=st.sampled_from(CODECS), cut=st.floats(0, 1))
+def test_a_cut_payload_decodes_to_an_exact_prefix(data, name, cut):
+    """What a torn last section still holds (``decompress_prefix``): always a prefix of the section's bytes, the
+    whole of them for the whole payload, and, for the sequential codecs, more the more of the payload is kept."""
+    codec = compressor_for(name)
+    payload = codec.compress(data)
+    assert codec.decompress_prefix(payload, len(data)) == data
+    n = int(len(payload) * cut)
+    head = codec.decompress_prefix(payload[:n], len(data))
+    assert data.startswith(head)
+    if name != "ZstdCompressor" and n < len(payload):
+        assert len(codec.decompress_prefix(payload[:n + 1], len(data))) >= len(head)
+
+
+def test_cut_real_lz4_and_snappy_sections_decode_to_prefixes_of_the_sections():
+    for kind in ("lz4", "snappy"):
+        for section in read_compressed_segment(REAL_SEGMENTS[kind][0])[1][:3]:
+            codec = LZ4Compressor() if kind == "lz4" else SnappyCompressor()
+            whole = codec.decompress(section.payload, section.uncompressed_length)
+            for frac in (0.1, 0.5, 0.9):
+                head = codec.decompress_prefix(section.payload[:int(len(section.payload) * frac)],
+                                               section.uncompressed_length)
+                assert whole.startswith(head) and len(head) > len(whole) * frac / 4, (kind, frac)
+
+
+@settings(max_examples=100, deadline=None)
 @given(data=st.builds(_sample, st.integers(1, 5000), st.integers(0, 1000)),
        name=st.sampled_from(CODECS[:4]), where=st.floats(0, 1, exclude_max=True), bit=st.integers(0, 7))
 def test_flipped_bit_never_escapes_as_a_library_error(data, name, where, bit):

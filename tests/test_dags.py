@@ -74,6 +74,15 @@ def test_params_are_the_pipeline_settings_with_defaults(dagbag):
     assert config_from_params(dag_params, lambda conn_id: None) == PipelineConfig()
 
 
+def test_every_dags_params_as_its_tasks_get_them_make_a_pipeline_config(dagbag):
+    """A task builds its config from *all* of its DAG's params: a DAG-only param would fail every run (the
+    maintenance DAG's vacuum_retention_hours did, once settings rejected unknown keys)."""
+    for dag_id in ("cassandra_cdc", "cassandra_cdc_maintenance", "cassandra_cdc_backfill"):
+        params = dagbag.dags[dag_id].params
+        assert config_from_params({k: params[k] for k in params.keys()}, lambda conn_id: None) == PipelineConfig()
+    assert PipelineConfig.from_mapping({"vacuum_retention_hours": 24}).vacuum_retention_hours == 24
+
+
 def test_maintenance_and_backfill_wiring(dagbag):
     m = dagbag.dags["cassandra_cdc_maintenance"]
     assert m.catchup is False and m.max_active_runs == 1

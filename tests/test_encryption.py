@@ -285,6 +285,20 @@ def test_every_truncation_is_an_encryption_error(keys, sealed):
             decrypt_section(payload[:cut], len(data), params, keys)
 
 
+def test_a_cut_payload_decrypts_to_an_exact_prefix(keys, sealed):
+    """A torn last section: whole blocks, then the whole AES blocks of the cut one, give a prefix of the data."""
+    from cdc_lib.commitlog.encryption import decrypt_section_prefix
+    params, data, payload = sealed
+    first_block_end = struct.unpack_from(">i", payload, 0)[0] + 8
+    got = {}
+    for cut in (0, 7, 100, first_block_end - 1, first_block_end, first_block_end + 500, len(payload) - 1,
+                len(payload)):
+        got[cut] = decrypt_section_prefix(payload[:cut], len(data), params, keys)
+        assert data.startswith(got[cut]), cut
+    assert got[len(payload)] == data and got[first_block_end] == data[:64 * 1024]
+    assert len(got[first_block_end - 1]) > 60000 and got[7] == b""
+
+
 def test_damaged_last_block_fails_padding(keys, sealed):
     params, data, payload = sealed
     damaged = bytearray(payload)

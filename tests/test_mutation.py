@@ -104,6 +104,20 @@ def test_fast_path_equals_reference_on_real_segment(corpus):
     _fast_vs_reference(pairs, lambda e: schema)
 
 
+@pytest.mark.parametrize("d,cells,system", [("3.0.29", 196, 78), ("4.0.11", 710, 3)])
+def test_cell_log_of_real_segments_leaves_cassandras_own_tables_out(corpus, d, cells, system):
+    """system.local, system.compaction_history, system.sstable_activity... are in every real commit log and in no
+    user schema: they are Cassandra's (name-based ids), counted as system entries, not quarantined as unknown."""
+    from cdc_lib.celllog.reader import read_cell_log
+    from cdc_lib.cql.system_schema import is_system_table_id, system_table_id
+    assert is_system_table_id(system_table_id("system", "local"))
+    assert not is_system_table_id(uuid.UUID("657e5210-7cbb-11ee-9858-c9aa1eb53e69"))    # Standard1, time-based
+    damage, stats = [], {}
+    paths = sorted(glob.glob(str(corpus / "commitlog" / d / "*.log")))
+    rows = sum(b.num_rows for b in read_cell_log(paths, schema_from_log=True, on_damage=damage.append, stats=stats))
+    assert damage == [] and (rows, stats["system_entries"]) == (cells, system)
+
+
 @pytest.mark.parametrize("version", [6, 7, 8])
 def test_generated_workload_round_trip_and_fast_path(tmp_path, version):
     schema = sample_schema()

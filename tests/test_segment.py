@@ -6,7 +6,7 @@ import pytest
 
 from cdc_lib import wire
 from cdc_lib.commitlog.segment import Damage, LogEntry, SegmentReader, parse_segment_name, read_header
-from cdc_lib.commitlog.writer import SegmentWriter, encode_header
+from cdc_lib.commitlog.writer import SegmentWriter, encode_entry, encode_header
 from cdc_lib.errors import SegmentError
 
 
@@ -94,7 +94,7 @@ def test_damaged_22_sets_stop_cleanly_with_a_report(corpus):
         assert entries == [g for g in good if g in set(entries)]
         assert entries[:100] == good[:100]
         assert len(entries) >= len(good) - 15
-        assert r.damaged == (kind != "torn_tail")
+        assert r.damaged                          # a torn tail loses entries too: damage, like the others
         with pytest.raises(SegmentError):
             list(SegmentReader(_one(corpus, d), strict=True))
 
@@ -188,15 +188,128 @@ def test_encrypted_segment_round_trip(tmp_path):
     assert all(isinstance(x, Damage) for x in SegmentReader(w.path, keys=wrong))
 
 
-def test_torn_tail_of_plain_segment(tmp_path, corpus):
-    raw = open(_one(corpus, "4.0.11"), "rb").read()
-    cut = tmp_path / "CommitLog-7-1699285478684.log"
-    cut.write_bytes(raw[:60000])
-    recs = list(SegmentReader(cut))
+def _entries_and_damage(source, **kwargs):
+    recs = list(SegmentReader(source, **kwargs))
+    return [x for x in recs if isinstance(x, LogEntry)], [x for x in recs if isinstance(x, Damage)]
+
+
+def test_torn_tail_of_plain_segment_keeps_every_whole_entry(tmp_path, corpus):
+    """A 4.0.11 segment cut at 37,500 (inside its 73 KB third section): every entry that ends before the cut is
+    read, as the intact file has it; the rest is one torn_tail damage at the first lost entry."""
+    path = _one(corpus, "4.0.11")
+    raw = open(path, "rb").read()
+    intact = list(SegmentReader(path))
+    cut = tmp_path / os.path.basename(path)
+    cut.write_bytes(raw[:37500])
+    r = SegmentReader(cut)
+    recs = list(r)
     entries = [x for x in recs if isinstance(x, LogEntry)]
     damage = [x for x in recs if isinstance(x, Damage)]
-    assert entries and all(e.position <= 60000 for e in entries)
-    assert len(damage) == 1 and damage[0].kind == "torn_tail"
+    kept = [e for e in intact if e.position <= 37500]
+    assert len(kept) == 175 and len(intact) == 358
+    assert [(e.position, e.data) for e in entries] == [(e.position, e.data) for e in kept]
+    first_lost = intact[len(kept)]
+    assert [(d.kind, d.position) for d in damage] == [("torn_tail", first_lost.start)]
+    assert damage[0].data == raw[first_lost.start:37500]        # what the file still holds of the lost entries
+    assert "1576" in damage[0].reason and "75003" in damage[0].reason and "37500" in damage[0].reason
+    assert r.damaged
+    with pytest.raises(SegmentError, match="torn_tail"):
+        list(SegmentReader(cut, strict=True))
+
+
+def test_every_cut_of_a_real_segment_reads_the_intact_entries_before_it(tmp_path, corpus):
+    path = _one(corpus, "4.0.11")
+    raw = open(path, "rb").read()
+    intact = list(SegmentReader(path))
+    boundaries = {20, 467, 1576, 75003, 75011}               # section boundaries (markers) of this file
+    p = tmp_path / os.path.basename(path)
+    for n in list(range(28, 75030, 331)) + [75003, 75005, 75011, 75015]:
+        p.write_bytes(raw[:n])
+        entries, damage = _entries_and_damage(p)
+        assert [e.data for e in entries] == [e.data for e in intact if e.position <= n], n
+        if n in boundaries or n >= 75011:
+            assert damage == [], n                           # cut where a section ends, or in the zero tail
+        elif 75003 < n < 75011:
+            assert [d.kind for d in damage] == ["torn_tail"] and "sync marker" in damage[0].reason, n
+        else:
+            lost = next(e for e in intact if e.position > n)
+            assert [(d.kind, d.position) for d in damage] == [("torn_tail", lost.start)], n
+
+
+def test_torn_real_lz4_section_keeps_the_entries_its_intact_prefix_decodes_to(corpus):
+    """2.2-lz4-truncated is 2.2-lz4 without its last 50 bytes. Cassandra drops the whole cut section (hash.txt:
+    6037 of 6052 cells); LZ4 decodes in order, so every entry of that section but the cut one is recovered, each
+    equal to the intact file's and checked by its CRCs."""
+    intact = list(SegmentReader(_one(corpus, "2.2-lz4")))
+    path = _one(corpus, "2.2-lz4-truncated")
+    entries, damage = _entries_and_damage(path)
+    assert len(entries) == len(intact) - 1
+    assert [(e.position, e.data) for e in entries] == [(e.position, e.data) for e in intact[:-1]]
+    assert [(d.kind, d.position, d.physical_position) for d in damage] == [("torn_tail", intact[-1].start, 837068)]
+    raw = open(path, "rb").read()
+    assert damage[0].data == raw[837068:]                      # the cut section's file bytes, for quarantine
+
+
+@pytest.mark.parametrize("codec", ["LZ4Compressor", "SnappyCompressor", "DeflateCompressor", "ZstdCompressor",
+                                   "NoopCompressor", "encrypted"])
+def test_torn_compressed_or_encrypted_section_keeps_a_prefix_of_its_entries(tmp_path, codec):
+    from cdc_lib.commitlog.encryption import EncryptionKeys
+    keys = EncryptionKeys.from_hex("testing:1=" + "00112233445566778899aabbccddeeff")
+    kwargs = ({"keys": keys, "key_alias": "testing:1"} if codec == "encrypted" else {"compression": codec})
+    w = SegmentWriter(tmp_path, 1234, version=7, **kwargs)
+    muts = [bytes([i % 251]) * 20 + os.urandom(30 + i % 90) for i in range(400)]
+    for i, m in enumerate(muts):
+        w.add(m)
+        if i in (99, 199):
+            w.sync()
+    last_section_start = w._physical
+    w.close()
+    raw = open(w.path, "rb").read()
+    read_keys = keys if codec == "encrypted" else None
+    intact = list(SegmentReader(w.path, keys=read_keys))
+    assert [e.data for e in intact] == muts
+    p = tmp_path / "cut" / os.path.basename(w.path)
+    p.parent.mkdir()
+    recovered = []
+    for frac in (0.0, 0.3, 0.6, 0.9, 0.999):
+        n = last_section_start + 12 + int((len(raw) - 8 - last_section_start - 12) * frac)   # 8: final empty section
+        p.write_bytes(raw[:n])
+        entries, damage = _entries_and_damage(p, keys=read_keys)
+        got = [e.data for e in entries]
+        assert got == muts[:len(got)] and len(got) >= 200, (codec, frac)
+        assert [d.kind for d in damage] == ["torn_tail"] and damage[0].physical_position == last_section_start
+        assert damage[0].position == intact[len(got)].start          # the first lost entry
+        recovered.append(len(got) - 200)
+    assert recovered == sorted(recovered)
+    if codec != "ZstdCompressor":                  # zstd decodes whole blocks only (this section is one block)
+        assert recovered[-2] > 100, recovered
+
+
+@pytest.mark.parametrize("compression", [None, "LZ4Compressor"])
+def test_live_segment_read_up_to_its_idx_offset_is_not_torn(tmp_path, compression):
+    """What the agent ships of a live 4.0+ segment ends at its _cdc.idx offset, which is always the end of a
+    section: reading the live file with stop=offset, or only the bytes before it, is clean."""
+    from cdc_lib.agent.cdc_raw import synced_file_end
+    w = SegmentWriter(tmp_path, 99, version=7, compression=compression, segment_size=1 << 20)
+    synced = []
+    for section in range(3):
+        batch = [os.urandom(40 + 7 * i + section) for i in range(30)]
+        for m in batch:
+            w.add(m)
+        offset = w.sync()
+        synced += batch
+        w._f.flush()
+        live = open(w.path, "rb").read()
+        if compression is None:
+            # a memory-mapped file already shows mutations allocated after the sync, behind the zero marker
+            live = live[:offset + 8] + encode_entry(os.urandom(50)) + live[offset + 8:]
+            with open(w.path, "r+b") as f:
+                f.write(live)
+        end = synced_file_end(w.path, offset)
+        for source, stop in ((w.path, offset), (live[:end], None)):
+            entries, damage = _entries_and_damage(source, name=w.name, stop=stop)
+            assert damage == [] and [e.data for e in entries] == synced, (section, stop)
+    w.close()
 
 
 def test_entry_crc_flip_skips_one_entry_only(tmp_path, corpus):

@@ -21,8 +21,7 @@ import pytest
 from sstable_writer import data_bytes, table_dir, write_sstable
 
 from cdc_lib.celllog.records import update_records
-from cdc_lib.cli.render import mutation_json_records
-from cdc_lib.commitlog.model import (NO_TIMESTAMP, BoundKind, Cell, DeletionTime, LivenessInfo, Mutation,
+from cdc_lib.commitlog.model import (BoundKind, Cell, DeletionTime, LivenessInfo, Mutation,
                                      PartitionUpdate, RangeTombstoneMarker, Row)
 from cdc_lib.commitlog.mutation import decode_mutation, encode_mutation, finish_update
 from cdc_lib.cql.schema_from_ddl import load_cql_schema

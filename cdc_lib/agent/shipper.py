@@ -18,7 +18,9 @@ idx offset is logical and is mapped to the file offset by walking the section ma
 deleted before COMPLETED.
 
 It warns (logging WARNING, with numbers) when ``cdc_raw`` holds more than ``warn_usage_fraction`` of the CDC space
-(Cassandra rejects CDC writes when it is full) or grows faster than it ships, exposes counters via
+(Cassandra rejects CDC writes when it is full) or grows faster than it ships, and when a segment's ``_cdc.idx``
+stays unreadable (its segment cannot be known complete, so it waits: named, at most every 10 minutes), exposes
+counters via
 :meth:`Agent.metrics` and ``<state_dir>/status.json``, and stops cleanly on SIGTERM/SIGINT.
 """
 from __future__ import annotations
@@ -40,6 +42,11 @@ from .cdc_raw import _IDX_RE, CdcRawScan, CdcSegment, _idx_paths, scan_cdc_raw, 
 from .space import SpaceMonitor, default_cdc_total_space
 
 log = logging.getLogger("cassandra_cdc.agent")
+
+# A rewrite of _cdc.idx caught half-way is over within milliseconds; an idx that stays unreadable this long will
+# not fix itself, and its segment waits until someone does.
+UNREADABLE_IDX_WARN_AFTER_S = 30.0
+UNREADABLE_IDX_WARN_EVERY_S = 600.0
 
 
 # ---------------------------------------------------------------------------------------------------- agent
@@ -71,6 +78,8 @@ class Agent:
         total = config.cdc_total_space or default_cdc_total_space(config.cdc_raw)
         self.space = SpaceMonitor(total, warn_fraction=config.warn_usage_fraction, window=config.rate_window)
         self._live_end: dict[str, int] = {}
+        self._unreadable_idx: dict[Path, list] = {}     # idx path -> [content, unreadable since, last warned]
+        self._last_pass = {"shipped": 0, "bytes": 0, "unreadable_idx": []}
         self._failures = 0
         self._next_attempt = 0.0
         self._stop = threading.Event()
@@ -80,7 +89,8 @@ class Agent:
             "upload_failures": 0, "consecutive_failures": 0, "conflicts": 0, "segments_lost": 0,
             "last_error": None, "last_error_time": None, "last_shipped_segment": None, "last_success_time": None,
             "cdc_raw_bytes": 0, "cdc_total_space": total, "cdc_usage_fraction": 0.0, "pending_segments": 0,
-            "live_segments": 0, "arrival_rate": 0.0, "ship_rate": 0.0, "started_at": time.time(),
+            "live_segments": 0, "unreadable_idx": 0, "arrival_rate": 0.0, "ship_rate": 0.0,
+            "started_at": time.time(),
         }
 
     # -------------------------------------------------------------- public
@@ -113,6 +123,7 @@ class Agent:
         Returns the number of segments shipped. A failure keeps the local file, counts, logs, and backs off.
         """
         shipped = 0
+        bytes_before = self._m["bytes_shipped"]
         now = self.clock()
         scan = scan_cdc_raw(self.config.cdc_raw)
         if now >= self._next_attempt:
@@ -149,11 +160,58 @@ class Agent:
         self._m["cdc_usage_fraction"] = round(scan.total_bytes / self.space.total_space, 6)
         self._m["pending_segments"] = sum(1 for s in scan.segments if s.complete)
         self._m["live_segments"] = sum(1 for s in scan.segments if not s.complete)
+        self._watch_unreadable_idx(scan)
+        self._last_pass = {"shipped": shipped, "bytes": self._m["bytes_shipped"] - bytes_before,
+                           "unreadable_idx": sorted(str(p) for p in self._unreadable_idx)}
         self.space.observe(self.clock(), scan.total_bytes, self._m["bytes_shipped"])
         self._m["arrival_rate"] = round(self.space.arrival_rate, 3)
         self._m["ship_rate"] = round(self.space.ship_rate, 3)
         self._write_status()
         return shipped
+
+    def pass_summary(self) -> str:
+        """One line on the last pass and what ``cdc_raw`` still holds (what ``agent --once`` prints)."""
+        m, last = self._m, self._last_pass
+        if last["shipped"]:
+            head = f"shipped {last['shipped']} segment(s), {last['bytes']:,} bytes, to {self.store.url}"
+        else:
+            head = "nothing shipped"
+        unreadable = last["unreadable_idx"]
+        live = m["live_segments"] - len(unreadable)
+        held = []
+        if m["pending_segments"]:
+            why = f" (last error: {m['last_error']})" if m["last_error"] else ""
+            held.append(f"{m['pending_segments']} completed segment(s) not shipped{why}")
+        if live:
+            held.append(f"{live} live segment(s), shipped once their _cdc.idx says COMPLETED")
+        if unreadable:
+            held.append(f"{len(unreadable)} segment(s) waiting on an unreadable _cdc.idx: {', '.join(unreadable)}")
+        return f"{head}; {self.config.cdc_raw} holds " + ("; ".join(held) if held else "no segment")
+
+    def _watch_unreadable_idx(self, scan: CdcRawScan) -> None:
+        """Warn about a segment whose ``_cdc.idx`` stays unreadable, naming the file, at most every 10 minutes."""
+        now = self.clock()
+        seen: dict[Path, list] = {}
+        for seg in scan.segments:
+            if seg.idx is not None or not seg.idx_paths:
+                continue
+            path = seg.idx_paths[0]
+            try:
+                content = path.read_bytes()[:64]
+            except OSError as e:
+                content = f"<{e.strerror}>".encode()
+            state = self._unreadable_idx.get(path)
+            if state is None or state[0] != content:
+                state = [content, now, None]          # new, or rewritten since: a rewrite may be under way
+            seen[path] = state
+            if now - state[1] >= UNREADABLE_IDX_WARN_AFTER_S and (
+                    state[2] is None or now - state[2] >= UNREADABLE_IDX_WARN_EVERY_S):
+                state[2] = now
+                log.warning("%s has been unreadable for %.0f s (it holds %r; Cassandra writes '<offset>' or "
+                            "'<offset>\\nCOMPLETED'): %s is not shipped until the idx is readable",
+                            path, now - state[1], content, seg.name)
+        self._unreadable_idx = seen
+        self._m["unreadable_idx"] = len(seen)
 
     # -------------------------------------------------------------- steps
     def _hook(self, step: str, name: str) -> None:

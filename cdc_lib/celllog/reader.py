@@ -8,15 +8,12 @@ from __future__ import annotations
 import gc
 import uuid
 
+from cdc_lib.cql.system_schema import SYSTEM_KEYSPACES, is_system_table_id
+
 from .records import mutation_records
 
-# --------------------------------------------------------------------------------------------------------
-# Mutations -> cell-log records (the reference path; the fast path in ``fast`` must agree with it)
-# --------------------------------------------------------------------------------------------------------
 
-
-SYSTEM_KEYSPACES = frozenset({"system", "system_schema", "system_auth", "system_distributed", "system_traces",
-                              "system_views", "system_virtual_schema", "system_cluster_metadata"})
+_SYSTEM_TABLE_NOT_IN_SCHEMA = object()     # cache value: a system table id the schema does not describe
 
 
 def read_cell_log(paths, schema=None, *, schema_from_log: bool = False, keys=None, batch_rows: int = 65536,
@@ -25,8 +22,10 @@ def read_cell_log(paths, schema=None, *, schema_from_log: bool = False, keys=Non
 
     Entries are decoded by the fast path (``fast``). An entry it cannot decode is decoded again by the
     reference decoder (``mutation``): the typed error it raises becomes a ``Damage`` record. Mutations of system
-    keyspaces are not user data and are skipped (``system_schema`` ones update the schema when
-    ``schema_from_log``); an unknown table id is Damage (``unknown_table``). Each Damage goes to ``on_damage``
+    keyspaces are not user data and are skipped, counted in ``system_entries`` (``system_schema`` ones update the
+    schema when ``schema_from_log``), also those of system tables the schema does not describe (``system.local``
+    and the like: ``cql.system_schema.is_system_table_id``); any other unknown table id is Damage
+    (``unknown_table``). Each Damage goes to ``on_damage``
     (required: the caller quarantines it; nothing is dropped here). ``stats`` (a dict) receives counters.
     ``entry_index`` counts partition updates per segment.
     """
@@ -83,7 +82,13 @@ def _read_cell_log(paths, src, fast, keys, start, stop, strict, on_damage, count
                 table = tables_by_raw_id[raw_id]
             except KeyError:
                 tid = uuid.UUID(bytes=bytes(raw_id)) if len(raw_id) == 16 else None
-                table = tables_by_raw_id[raw_id] = current.get(tid) if tid is not None else None
+                table = current.get(tid) if tid is not None else None
+                if table is None and tid is not None and is_system_table_id(tid):
+                    table = _SYSTEM_TABLE_NOT_IN_SCHEMA
+                tables_by_raw_id[raw_id] = table
+            if table is _SYSTEM_TABLE_NOT_IN_SCHEMA:
+                counters["system_entries"] += 1
+                continue
             if table is not None and table.keyspace in SYSTEM_KEYSPACES:
                 counters["system_entries"] += 1
                 if schema_from_log and table.keyspace == "system_schema":
@@ -104,7 +109,7 @@ def _read_cell_log(paths, src, fast, keys, start, stop, strict, on_damage, count
             if n is None:
                 out = decode_entry(rec, current)
                 if isinstance(out, Damage):
-                    if strict:
+                    if strict and out.is_damage:
                         raise out.error()
                     counters["damaged"] += 1
                     on_damage(out)

@@ -14,12 +14,14 @@ from cdc_lib.agent.shipper import Agent
 from cdc_lib.errors import ConfigError
 from cdc_lib.settings import AgentConfig
 
+from . import exits
+
 log = logging.getLogger("cassandra_cdc.agent")
 
 
 def build_parser(prog: str = "cassandra-cdc agent") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description="Ship completed Cassandra CDC segments from cdc_raw "
-                                                       "to object storage.")
+    p = exits.ArgumentParser(prog=prog, description="Ship completed Cassandra CDC segments from cdc_raw "
+                                                    "to object storage.")
     p.add_argument("--config", help="YAML settings file (default: $CASSANDRA_CDC_CONFIG); keys as below, "
                                     "top level or under 'agent:'")
     p.add_argument("--cdc-raw", dest="cdc_raw", help="Cassandra's cdc_raw directory")
@@ -32,7 +34,8 @@ def build_parser(prog: str = "cassandra-cdc agent") -> argparse.ArgumentParser:
     p.add_argument("--state-dir", dest="state_dir", help="local state directory (default: beside cdc_raw)")
     p.add_argument("--ship-live-prefix", dest="ship_live_prefix", action="store_true", default=None,
                    help="also ship the synced prefix of live 4.0+ segments")
-    p.add_argument("--no-ship-live-prefix", dest="ship_live_prefix", action="store_false")
+    p.add_argument("--no-ship-live-prefix", dest="ship_live_prefix", action="store_false",
+                   help="do not ship live prefixes, whatever the settings file or environment say (the default)")
     p.add_argument("--cdc-total-space", dest="cdc_total_space",
                    help="Cassandra's cdc_total_space, e.g. 4096MiB (default: min(4096MiB, volume/8))")
     p.add_argument("--warn-usage-fraction", dest="warn_usage_fraction", type=float,
@@ -41,7 +44,8 @@ def build_parser(prog: str = "cassandra-cdc agent") -> argparse.ArgumentParser:
                    help="seconds over which arrival and ship rates are compared (300)")
     p.add_argument("--max-backoff", dest="max_backoff", type=float, help="longest retry delay in seconds (60)")
     p.add_argument("--log-level", dest="log_level", help="DEBUG, INFO, WARNING, ERROR (INFO)")
-    p.add_argument("--once", action="store_true", help="one pass, then exit (1 if a segment failed to ship)")
+    p.add_argument("--once", action="store_true",
+                   help="one pass, print what it did, then exit (3 if a segment could not be shipped)")
     return p
 
 
@@ -53,7 +57,7 @@ def load_agent_config(args: argparse.Namespace, env: dict[str, str] | None = Non
 
 
 def agent_main(argv: list[str] | None = None) -> int:
-    """``cassandra-cdc agent ...``: returns the process exit code (0 after a clean SIGTERM/SIGINT stop)."""
+    """``cassandra-cdc agent ...``: returns the exit status (``exits``; 0 after a clean SIGTERM/SIGINT stop)."""
     args = build_parser().parse_args(argv)
     try:
         cfg = load_agent_config(args)
@@ -64,10 +68,11 @@ def agent_main(argv: list[str] | None = None) -> int:
         agent = Agent(cfg)
     except ConfigError as e:
         print(f"cassandra-cdc agent: {e}", file=sys.stderr)
-        return 2
+        return exits.USAGE
     if args.once:
         agent.run_once()
-        return 1 if agent.metrics()["consecutive_failures"] else 0
+        print(f"cassandra-cdc agent: {agent.pass_summary()}")
+        return exits.FAILED if agent.metrics()["consecutive_failures"] else exits.OK
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:

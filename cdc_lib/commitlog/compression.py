@@ -19,6 +19,13 @@ the same bytes: lz4-java's pure-Java fast compressor reproduces every section of
 
 Decoding never trusts the payload: any library failure, length disagreement or trailing garbage becomes a
 ``CompressionError`` whose position is relative to the start of the payload (the segment reader relocates it).
+
+``decompress_prefix`` serves the torn last section of a segment (a file cut inside its last section): it returns
+the leading bytes of the section that the cut payload still determines. Every codec here decodes in order, each
+step using only bytes already decoded, so a cut stream decodes to an exact prefix of the section: LZ4 and Snappy
+sequence by sequence (pure-Python decoders below; the libraries only take whole blocks), Deflate and Zstd through
+their streaming decompressors (Zstd up to the last whole block). Nothing in that prefix is trusted on its own:
+the segment reader keeps only the entries whose two CRCs check.
 """
 from __future__ import annotations
 
@@ -50,6 +57,11 @@ class Compressor(Protocol):
 
     def decompress(self, payload: bytes, uncompressed_length: int) -> bytes:
         """Exactly ``uncompressed_length`` bytes, or ``CompressionError``."""
+        ...
+
+    def decompress_prefix(self, payload: bytes, uncompressed_length: int) -> bytes:
+        """The leading bytes (at most ``uncompressed_length``) that a payload cut short still decodes to; empty
+        when nothing can be decoded. Never raises for a cut or damaged payload."""
         ...
 
 
@@ -128,6 +140,101 @@ class LZ4Compressor:
         # python-lz4 accepts a block that decodes to fewer bytes than the capacity it was given.
         return _exact(out, uncompressed_length, self.name)
 
+    def decompress_prefix(self, payload: bytes, uncompressed_length: int) -> bytes:
+        return lz4_block_prefix(bytes(payload[4:]), uncompressed_length) if len(payload) > 4 else b""
+
+
+def _copy_match(out: bytearray, offset: int, length: int) -> bool:
+    """Append ``length`` bytes starting ``offset`` back (overlapping copies repeat); False if impossible."""
+    if offset <= 0 or offset > len(out):
+        return False
+    start = len(out) - offset
+    if offset >= length:
+        out += out[start:start + length]
+    else:
+        for k in range(length):
+            out.append(out[start + k])
+    return True
+
+
+def lz4_block_prefix(block: bytes, limit: int) -> bytes:
+    """What a raw LZ4 block cut short decodes to (at most ``limit`` bytes).
+
+    A block is a run of sequences: token, literal length, literals, 2-byte offset, match length. Each whole
+    sequence, and the literals of a cut one, are exact output; decoding stops at the cut or at a match that points
+    before the start (damage).
+    """
+    out = bytearray()
+    i, n = 0, len(block)
+
+    def extended(length: int) -> int | None:
+        nonlocal i
+        if length != 15:
+            return length
+        while i < n:
+            b = block[i]
+            i += 1
+            length += b
+            if b != 255:
+                return length
+        return None                                   # cut inside the length bytes
+
+    while i < n and len(out) < limit:
+        token = block[i]
+        i += 1
+        literals = extended(token >> 4)
+        if literals is None:
+            break
+        out += block[i:i + literals]
+        i += literals
+        if i + 2 > n:
+            break                                     # the end of the block, or cut before the offset
+        offset = block[i] | block[i + 1] << 8
+        i += 2
+        match = extended(token & 15)
+        if match is None or not _copy_match(out, offset, match + 4):
+            break
+    return bytes(out[:limit])
+
+
+def snappy_raw_prefix(payload: bytes, limit: int) -> bytes:
+    """What a raw Snappy block cut short decodes to (at most ``limit`` bytes): after the length preamble, each
+    element is a literal run or a copy of earlier output; whole elements and the bytes of a cut literal are
+    exact."""
+    i = 0
+    while i < min(len(payload), 5) and payload[i] & 0x80:
+        i += 1
+    i += 1                                            # past the preamble's last byte
+    out = bytearray()
+    n = len(payload)
+    while i < n and len(out) < limit:
+        tag = payload[i]
+        i += 1
+        kind = tag & 3
+        if kind == 0:                                 # literal
+            length = tag >> 2
+            if length >= 60:
+                extra = length - 59
+                if i + extra > n:
+                    break
+                length = int.from_bytes(payload[i:i + extra], "little")
+                i += extra
+            length += 1
+            out += payload[i:i + length]
+            i += length
+            continue
+        extra = (0, 1, 2, 4)[kind]
+        if i + extra > n:
+            break
+        if kind == 1:
+            length, offset = ((tag >> 2) & 7) + 4, (tag >> 5) << 8 | payload[i]
+        else:
+            length, offset = (tag >> 2) + 1, int.from_bytes(payload[i:i + extra], "little")
+        i += extra
+        if not _copy_match(out, offset, length):
+            break
+    return bytes(out[:limit])
+
 
 def _read_leb128(payload: bytes) -> int | None:
     value = shift = 0
@@ -165,6 +272,9 @@ class SnappyCompressor:
         except Exception as exc:  # cramjam.DecompressionError: damaged block
             raise CompressionError(f"{self.name}: damaged Snappy block ({exc})", position=0) from None
         return _exact(out, uncompressed_length, self.name)
+
+    def decompress_prefix(self, payload: bytes, uncompressed_length: int) -> bytes:
+        return snappy_raw_prefix(bytes(payload), uncompressed_length)
 
 
 class DeflateCompressor:
@@ -208,6 +318,13 @@ class DeflateCompressor:
             raise CompressionError(
                 f"{self.name}: {len(inflater.unused_data)} bytes after the end of the zlib stream", position=0)
         return out
+
+    def decompress_prefix(self, payload: bytes, uncompressed_length: int) -> bytes:
+        inflater = zlib.decompressobj()
+        try:
+            return inflater.decompress(bytes(payload), max(uncompressed_length, 1))[:uncompressed_length]
+        except zlib.error:
+            return b""                                # damaged before the cut: nothing is provably intact
 
 
 class ZstdCompressor:
@@ -266,6 +383,12 @@ class ZstdCompressor:
             raise CompressionError(f"{self.name}: damaged Zstandard frame ({exc})", position=0) from None
         return _exact(out, uncompressed_length, self.name)
 
+    def decompress_prefix(self, payload: bytes, uncompressed_length: int) -> bytes:
+        try:
+            return zstandard.ZstdDecompressor().decompressobj().decompress(bytes(payload))[:uncompressed_length]
+        except zstandard.ZstdError:
+            return b""                                # damaged before the cut: nothing is provably intact
+
 
 class NoopCompressor:
     """Cassandra's NoopCompressor (4.0+): the payload is the entry bytes themselves."""
@@ -281,6 +404,9 @@ class NoopCompressor:
     def decompress(self, payload: bytes, uncompressed_length: int) -> bytes:
         _check_length(uncompressed_length, self.name)
         return _exact(bytes(payload), uncompressed_length, self.name)
+
+    def decompress_prefix(self, payload: bytes, uncompressed_length: int) -> bytes:
+        return bytes(payload[:uncompressed_length])
 
 
 KNOWN_COMPRESSORS = ("LZ4Compressor", "SnappyCompressor", "DeflateCompressor", "ZstdCompressor", "NoopCompressor")

@@ -13,6 +13,10 @@ plaintext length) is a run of blocks, one per ``chunk_length_kb`` (default 64 Ki
 Every block is a separate ``doFinal`` on one Java Cipher, so every block starts again from the segment IV.
 An empty section (U = 0, written when a segment closes) has no blocks at all.
 
+A section cut by the end of the file (a torn tail) is read by ``decrypt_section_prefix``: its whole blocks, then the
+whole AES blocks of the cut one (CBC decrypts each 16 bytes from the ciphertext before them) through LZ4's prefix
+decoder.
+
 Keys come from the keystore Cassandra's ``JKSKeyProvider`` reads (JCEKS by default, see ``EncryptionKeys``).
 Failures while reading a section raise ``EncryptionError`` whose position is relative to the payload start.
 """
@@ -27,7 +31,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from cdc_lib.errors import CompressionError, ConfigError, EncryptionError
 
-from .compression import LZ4Compressor
+from .compression import LZ4Compressor, lz4_block_prefix
 
 SUPPORTED_CIPHER = "AES/CBC/PKCS5Padding"
 AES_BLOCK = 16
@@ -345,6 +349,41 @@ def _unpad(padded: bytes, position: int) -> bytes:
     return padded[:-n]
 
 
+def _decrypt_block(cipher: Cipher, payload: memoryview, pos: int, room: int) -> tuple[bytes, int]:
+    """The plaintext of the block at ``pos`` (at most ``room`` bytes) and the position after it."""
+    if len(payload) - pos < _BLOCK_HEADER.size:
+        raise EncryptionError(f"{len(payload) - pos} bytes left, too few for an encrypted block header",
+                              position=pos)
+    encrypted_length, compressed_length = _BLOCK_HEADER.unpack_from(payload, pos)
+    body = pos + _BLOCK_HEADER.size
+    if encrypted_length <= 0 or encrypted_length % AES_BLOCK:
+        raise EncryptionError(f"encrypted block length {encrypted_length} is not a positive multiple of "
+                              f"{AES_BLOCK}", position=pos)
+    if body + encrypted_length > len(payload):
+        raise EncryptionError(f"encrypted block of {encrypted_length} bytes runs past the section end "
+                              f"({len(payload) - body} bytes left)", position=pos)
+    # PKCS5 always pads 1..16 bytes, so the compressed length fixes the ciphertext length; the smallest
+    # compressed block is 4 (BE length) + 4 (LE length) + 1 (empty LZ4 block) bytes.
+    if compressed_length < 9 or (compressed_length // AES_BLOCK + 1) * AES_BLOCK != encrypted_length:
+        raise EncryptionError(f"block lengths disagree: {compressed_length} compressed bytes cannot give "
+                              f"{encrypted_length} encrypted bytes", position=pos)
+    decryptor = cipher.decryptor()
+    padded = decryptor.update(payload[body:body + encrypted_length]) + decryptor.finalize()
+    compressed = _unpad(padded, pos)
+    if len(compressed) != compressed_length:
+        raise EncryptionError(f"block decrypted to {len(compressed)} bytes, header says {compressed_length}",
+                              position=pos)
+    (block_length,) = _BE_I32.unpack_from(compressed, 0)
+    if block_length < 0 or block_length > room:
+        raise EncryptionError(f"block of {block_length} plaintext bytes exceeds the {room} bytes left in the "
+                              "section", position=pos)
+    try:
+        plain = _LZ4.decompress(compressed[4:], block_length)
+    except CompressionError as exc:
+        raise EncryptionError(f"decrypted block does not decompress: {exc.reason}", position=pos) from None
+    return plain, body + encrypted_length
+
+
 def decrypt_section(payload: bytes, uncompressed_length: int, params: Mapping[str, object],
                     keys: EncryptionKeys) -> bytes:
     """The U entry bytes of one encrypted section, from the payload after its 12-byte section header."""
@@ -360,41 +399,46 @@ def decrypt_section(payload: bytes, uncompressed_length: int, params: Mapping[st
     out = bytearray()
     pos = 0
     while pos < len(payload):
-        if len(payload) - pos < _BLOCK_HEADER.size:
-            raise EncryptionError(f"{len(payload) - pos} bytes left, too few for an encrypted block header",
-                                  position=pos)
-        encrypted_length, compressed_length = _BLOCK_HEADER.unpack_from(payload, pos)
-        body = pos + _BLOCK_HEADER.size
-        if encrypted_length <= 0 or encrypted_length % AES_BLOCK:
-            raise EncryptionError(f"encrypted block length {encrypted_length} is not a positive multiple of "
-                                  f"{AES_BLOCK}", position=pos)
-        if body + encrypted_length > len(payload):
-            raise EncryptionError(f"encrypted block of {encrypted_length} bytes runs past the section end "
-                                  f"({len(payload) - body} bytes left)", position=pos)
-        # PKCS5 always pads 1..16 bytes, so the compressed length fixes the ciphertext length; the smallest
-        # compressed block is 4 (BE length) + 4 (LE length) + 1 (empty LZ4 block) bytes.
-        if compressed_length < 9 or (compressed_length // AES_BLOCK + 1) * AES_BLOCK != encrypted_length:
-            raise EncryptionError(f"block lengths disagree: {compressed_length} compressed bytes cannot give "
-                                  f"{encrypted_length} encrypted bytes", position=pos)
-        decryptor = cipher.decryptor()
-        padded = decryptor.update(payload[body:body + encrypted_length]) + decryptor.finalize()
-        compressed = _unpad(padded, pos)
-        if len(compressed) != compressed_length:
-            raise EncryptionError(f"block decrypted to {len(compressed)} bytes, header says {compressed_length}",
-                                  position=pos)
-        (block_length,) = _BE_I32.unpack_from(compressed, 0)
-        if block_length < 0 or len(out) + block_length > uncompressed_length:
-            raise EncryptionError(f"block of {block_length} plaintext bytes exceeds the section's "
-                                  f"{uncompressed_length} (already {len(out)})", position=pos)
-        try:
-            out += _LZ4.decompress(compressed[4:], block_length)
-        except CompressionError as exc:
-            raise EncryptionError(f"decrypted block does not decompress: {exc.reason}", position=pos) from None
-        pos = body + encrypted_length
+        plain, pos = _decrypt_block(cipher, payload, pos, uncompressed_length - len(out))
+        out += plain
     if len(out) != uncompressed_length:
         raise EncryptionError(f"blocks hold {len(out)} plaintext bytes, section header says "
                               f"{uncompressed_length}", position=len(payload))
     return bytes(out)
+
+
+def decrypt_section_prefix(payload: bytes, uncompressed_length: int, params: Mapping[str, object],
+                           keys: EncryptionKeys) -> bytes:
+    """The leading plaintext bytes that a section payload cut short still determines (at most U).
+
+    Whole blocks are decrypted and checked as in ``decrypt_section``; of the cut block, the complete 16-byte
+    cipher blocks are decrypted (without the padding, which is at its end) and their LZ4 prefix decoded. A block
+    that fails its checks ends the prefix. ``EncryptionError`` only when the segment cannot be decrypted at all
+    (no key, bad header parameters).
+    """
+    cipher = _segment_cipher(params, keys)
+    payload = memoryview(payload)
+    out = bytearray()
+    pos = 0
+    while pos + _BLOCK_HEADER.size <= len(payload) and len(out) < uncompressed_length:
+        encrypted_length, compressed_length = _BLOCK_HEADER.unpack_from(payload, pos)
+        body = pos + _BLOCK_HEADER.size
+        if body + encrypted_length <= len(payload):
+            try:
+                plain, pos = _decrypt_block(cipher, payload, pos, uncompressed_length - len(out))
+            except EncryptionError:
+                break
+            out += plain
+            continue
+        if compressed_length < 9:
+            break
+        whole = (len(payload) - body) // AES_BLOCK * AES_BLOCK
+        compressed = cipher.decryptor().update(bytes(payload[body:body + whole]))[:compressed_length]
+        if len(compressed) > 8:                       # BE length, LE length, then the LZ4 block
+            (block_length,) = _BE_I32.unpack_from(compressed, 0)
+            out += lz4_block_prefix(compressed[8:], min(block_length, uncompressed_length - len(out)))
+        break
+    return bytes(out[:uncompressed_length])
 
 
 def encrypt_section(data: bytes, params: Mapping[str, object], keys: EncryptionKeys,

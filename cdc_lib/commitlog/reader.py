@@ -68,7 +68,7 @@ def decode_entry(entry: LogEntry, schema) -> Union[Mutation, Damage]:
     try:
         m = decode_mutation(entry.data, schema, mv, source=entry.segment, base_position=entry.start + 8)
     except UnknownTableError as e:
-        return Damage(entry.segment, entry.start, "unknown_table", e.reason, entry.data)
+        return Damage(entry.segment, entry.start, "unknown_table", e.reason, entry.data, table_id=e.table_id)
     except FormatError as e:
         return Damage(entry.segment, entry.start, "undecodable", e.reason, entry.data)
     except CdcError as e:
@@ -82,7 +82,11 @@ def decode_entry(entry: LogEntry, schema) -> Union[Mutation, Damage]:
 def read_mutations(paths: Iterable, schema=None, *, schema_from_log: bool = False, keys=None,
                    strict: bool = False, start: Optional[int] = None, stop: Optional[int] = None,
                    source: SchemaSource | None = None) -> Iterator[Union[Mutation, Damage]]:
-    """Mutations and damage records of ``paths`` in order (segment ids ascending as given)."""
+    """Mutations and damage records of ``paths`` in order (segment ids ascending as given).
+
+    ``strict``: raise the first damage (``Damage.is_damage``) as a ``SegmentError`` instead of yielding it;
+    entries of tables the schema does not know are still yielded as ``unknown_table`` records.
+    """
     if isinstance(paths, (str, bytes)) or hasattr(paths, "__fspath__"):
         paths = [paths]
     src = source or schema_source(schema, schema_from_log)
@@ -93,7 +97,7 @@ def read_mutations(paths: Iterable, schema=None, *, schema_from_log: bool = Fals
                 yield rec
                 continue
             out = decode_entry(rec, src.current())
-            if isinstance(out, Damage) and strict:
+            if isinstance(out, Damage) and strict and out.is_damage:
                 raise out.error()
             if isinstance(out, Mutation):
                 src.observe(out)

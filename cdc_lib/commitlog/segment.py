@@ -7,8 +7,16 @@ an entry's ``position`` is the offset just *after* it (format reference §3.5, �
 
 Error policy (§3.4), tolerant by default, ``strict=True`` raises the first problem instead:
 
-* a zeroed sync marker, or no room for one, is the clean end of the segment;
-* a file cut inside its last section is a torn tail: reported (``Damage.kind == "torn_tail"``), then the end;
+* a zeroed sync marker, or no room for one (only zero bytes left), is the clean end of the segment;
+* a file cut inside its last section (the marker points past the end of the file, or the file ends inside a
+  marker) is a torn tail. The section's whole entries whose two CRCs check are read, like any others; the rest,
+  from the first entry the cut reaches, is one ``Damage`` of kind ``torn_tail`` (its position is where the lost
+  entries start; its bytes are what the file still holds of them). A completed segment is never torn, so this is
+  damage: a node that died mid-write, or a copy cut short. In a compressed or encrypted section the entries are
+  read from what the codec decodes of the cut payload (``Compressor.decompress_prefix``,
+  ``encryption.decrypt_section_prefix``: every codec decodes in order, so that is an exact prefix of the section);
+  the damage record then keeps the section's file bytes. A *live* segment read up to its ``_cdc.idx`` offset
+  (``stop``), or a prefix of it cut there, is not torn: that offset is always where a section ends;
 * an entry whose mutation CRC fails is reported and skipped; reading goes on with the next entry;
 * a bad entry size/size CRC, or a section that cannot be decompressed/decrypted, is reported with the rest of
   that section's bytes, and reading resumes at the next section;
@@ -23,6 +31,7 @@ import json
 import mmap
 import os
 import re
+import uuid
 import zlib
 from dataclasses import dataclass, field
 from typing import Iterator, Optional, Union
@@ -83,9 +92,10 @@ class LogEntry:
         return MESSAGING_VERSION.get(self.descriptor_version)
 
 
-# Damage kinds that mean bytes were damaged (the others, ``torn_tail`` and ``unknown_table``, are not damage).
+# Damage kinds that mean bytes were damaged or lost (the others, ``unknown_table`` and ``unsupported``, are entries
+# read whole that this schema or decoder cannot type: kept in quarantine, but the segment itself is sound).
 DAMAGE_KINDS = frozenset({"header", "bad_marker", "bad_entry", "crc_mismatch", "compression", "encryption",
-                          "undecodable"})
+                          "torn_tail", "undecodable"})
 
 
 @dataclass
@@ -98,16 +108,30 @@ class Damage:
     reason: str
     data: bytes = field(repr=False, default=b"")
     physical_position: Optional[int] = None
+    table_id: Optional[uuid.UUID] = None       # the table an ``unknown_table`` entry names
 
     @property
     def is_torn_tail(self) -> bool:
         return self.kind == "torn_tail"
+
+    @property
+    def is_damage(self) -> bool:
+        """Bytes were damaged or lost (``DAMAGE_KINDS``), as opposed to an entry read whole but not typed."""
+        return self.kind in DAMAGE_KINDS
 
     def error(self) -> SegmentError:
         return SegmentError(f"{self.kind}: {self.reason}", self.segment, self.position)
 
 
 Record = Union[LogEntry, Damage]
+
+
+@dataclass(frozen=True)
+class _Cut:
+    """How the last section of a torn file is cut: why (for the damage reason), and what to keep."""
+    reason: str
+    raw: Optional[bytes] = None                # compressed/encrypted: the section's file bytes (else the entries')
+    physical: Optional[int] = None             # file offset of ``raw``
 
 
 def read_header(buf, name: str = "<segment>") -> SegmentHeader:
@@ -187,7 +211,7 @@ class SegmentReader:
 
     def _damage(self, position: int, kind: str, reason: str, data=b"", physical=None) -> Damage:
         d = Damage(self.name, position, kind, reason, bytes(data), physical)
-        self.damaged = self.damaged or kind != "torn_tail"
+        self.damaged = True
         if self.strict:
             raise d.error()
         return d
@@ -220,7 +244,11 @@ class SegmentReader:
         codec = None
         if compressed:
             from .compression import compressor_for
-            codec = compressor_for(header.compression_class, header.params.get("compressionParameters"))
+            try:
+                codec = compressor_for(header.compression_class, header.params.get("compressionParameters"))
+            except CdcError as e:       # e.g. a compressor this reader does not know: no section can be read
+                yield self._damage(0, "header", f"cannot read its sections: {e}", buf)
+                return
         n = len(buf)
         pos = header.size
         logical = header.size
@@ -235,52 +263,51 @@ class SegmentReader:
                 return
             if self.stop is not None and logical >= self.stop:
                 return
-            if nxt < pos + SYNC_MARKER_SIZE or nxt > n:
-                if nxt > n:
-                    yield self._damage(logical, "torn_tail",
-                                       f"section at file offset {pos} ends at {nxt}, past the end of the "
-                                       f"file ({n} bytes)", buf[pos:], pos)
-                else:
-                    yield self._damage(logical, "bad_marker",
-                                       f"sync marker at {pos} points back to {nxt}", buf[pos:], pos)
+            if nxt < pos + SYNC_MARKER_SIZE:
+                yield self._damage(logical, "bad_marker", f"sync marker at {pos} points back to {nxt}",
+                                   buf[pos:], pos)
                 return
+            cut = None
+            if nxt > n:
+                cut = _Cut(f"the section at file offset {pos} ends at {nxt}, past the end of the file ({n} bytes): "
+                           f"{nxt - n} bytes are missing")
             if not compressed and not encrypted:
-                section_logical = pos + SYNC_MARKER_SIZE
-                yield from self._entries(buf, pos + SYNC_MARKER_SIZE, nxt, section_logical)
-                if self._ended:
+                yield from self._entries(buf, pos + SYNC_MARKER_SIZE, min(nxt, n), pos + SYNC_MARKER_SIZE, cut)
+                if self._ended or cut:
                     return
                 pos = nxt
                 logical = nxt
                 continue
             # compressed / encrypted: i32 uncompressed length, then the payload
-            if nxt < pos + 12:
-                yield self._damage(logical, "bad_marker", f"section at {pos} too short for its length field",
-                                   buf[pos:nxt], pos)
+            if nxt < pos + 12 or n < pos + 12:
+                if cut:
+                    yield self._damage(logical + SYNC_MARKER_SIZE, "torn_tail",
+                                       f"the file ends inside the section header; {cut.reason}", buf[pos:n], pos)
+                else:
+                    yield self._damage(logical, "bad_marker", f"section at {pos} too short for its length field",
+                                       buf[pos:nxt], pos)
                 return
             ulen = wire.be_i32(buf, pos + 8)
             section_logical = logical + SYNC_MARKER_SIZE
             if ulen < 0:
                 yield self._damage(section_logical, "bad_entry", f"negative section length {ulen} at {pos}",
                                    buf[pos:nxt], pos)
+                if cut:
+                    return
                 pos = nxt
                 continue
-            payload = bytes(buf[pos + 12:nxt])
+            payload = bytes(buf[pos + 12:min(nxt, n)])
             if self.start is not None and section_logical + ulen <= self.start:
+                if cut:
+                    return
                 pos = nxt                                       # whole section already processed
                 logical = section_logical + ulen
                 continue
+            if cut:
+                yield from self._torn_section(buf, pos, payload, ulen, section_logical, codec, cut)
+                return
             try:
-                if encrypted:
-                    from .encryption import decrypt_section
-                    if self.keys is None:
-                        from cdc_lib.errors import EncryptionError
-                        raise EncryptionError("segment is encrypted and no key was given "
-                                              f"(alias {header.params.get('encKeyAlias')!r})")
-                    data = decrypt_section(payload, ulen, header.params, self.keys)
-                elif ulen == 0:
-                    data = b""
-                else:
-                    data = codec.decompress(payload, ulen)
+                data = self._decode_section(payload, ulen, codec)
             except CdcError as e:
                 kind = "encryption" if encrypted else "compression"
                 yield self._damage(section_logical, kind, f"section at file offset {pos}: "
@@ -293,27 +320,84 @@ class SegmentReader:
                 return
             pos = nxt
             logical = section_logical + ulen
+        if pos < n and any(buf[pos:n]):
+            # Fewer than 8 bytes left and not all zero: the file was cut inside a sync marker.
+            yield self._damage(logical, "torn_tail", f"the file ends inside the sync marker at file offset {pos} "
+                               f"({n - pos} of its 8 bytes)", buf[pos:n], pos)
+
+    def _decode_section(self, payload: bytes, ulen: int, codec) -> bytes:
+        header = self.header
+        if header.encrypted:
+            from .encryption import decrypt_section
+            return decrypt_section(payload, ulen, header.params, self._keys_for(header))
+        return b"" if ulen == 0 else codec.decompress(payload, ulen)
+
+    def _keys_for(self, header: SegmentHeader):
+        if self.keys is None:
+            from cdc_lib.errors import EncryptionError
+            raise EncryptionError("segment is encrypted and no key was given "
+                                  f"(alias {header.params.get('encKeyAlias')!r})")
+        return self.keys
+
+    def _torn_section(self, buf, pos: int, payload: bytes, ulen: int, section_logical: int, codec,
+                      cut: _Cut) -> Iterator[Record]:
+        """The entries a compressed/encrypted section cut by the end of the file still holds, then the damage."""
+        header = self.header
+        try:
+            if header.encrypted:
+                from .encryption import decrypt_section_prefix
+                data = decrypt_section_prefix(payload, ulen, header.params, self._keys_for(header))
+            else:
+                data = codec.decompress_prefix(payload, ulen)
+            reason = cut.reason
+        except CdcError as e:
+            data = b""
+            reason = f"{cut.reason}; {getattr(e, 'reason', str(e))}"
+        yield from self._entries(data, 0, len(data), section_logical,
+                                 _Cut(reason, bytes(buf[pos:len(buf)]), pos))
 
     _ended = False          # set by _entries at a legacy end-of-segment marker (entry size 0)
 
-    def _entries(self, buf, begin: int, end: int, logical_begin: int) -> Iterator[Record]:
-        """Entries in ``buf[begin:end]``; ``logical_begin`` is the logical offset of ``begin``."""
+    def _entries(self, buf, begin: int, end: int, logical_begin: int, cut: Optional[_Cut] = None
+                 ) -> Iterator[Record]:
+        """Entries in ``buf[begin:end]``; ``logical_begin`` is the logical offset of ``begin``.
+
+        ``cut``: the section goes on past the end of the file; ``end`` is where the readable bytes stop, and what
+        follows the last whole entry is a ``torn_tail`` damage (also when nothing follows: entries are missing).
+        """
         shift = logical_begin - begin
         p = begin
         start, stop = self.start, self.stop
+
+        def torn(what: str) -> Damage:
+            data, physical = (buf[p:end], None) if cut.raw is None else (cut.raw, cut.physical)
+            return self._damage(p + shift, "torn_tail", f"{what}: {cut.reason}", data, physical)
+
         while p < end:
+            if stop is not None and p + shift >= stop:
+                self._ended = True                      # the rest is past the synced offset: not ours to read
+                return
             if end - p < 4:
-                yield self._damage(p + shift, "bad_entry", f"{end - p} stray bytes at the end of a section",
-                                   buf[p:end])
+                if cut:
+                    yield torn(f"the entry at {p + shift} is cut after {end - p} bytes")
+                else:
+                    yield self._damage(p + shift, "bad_entry", f"{end - p} stray bytes at the end of a section",
+                                       buf[p:end])
                 return
             size = wire.be_i32(buf, p)
             if size == 0:
+                if cut:
+                    yield torn(f"zero bytes where the entry at {p + shift} should be")
+                    return
                 # Legacy end-of-segment marker (and unwritten space in a live file).
                 self._ended = True
                 return
             if end - p < 8:
-                yield self._damage(p + shift, "bad_entry", "entry header cut by the end of the section",
-                                   buf[p:end])
+                if cut:
+                    yield torn(f"the entry at {p + shift} is cut after {end - p} bytes")
+                else:
+                    yield self._damage(p + shift, "bad_entry", "entry header cut by the end of the section",
+                                       buf[p:end])
                 return
             size_crc = wire.be_u32(buf, p + 4)
             c1 = wire.crc32_ints(size)
@@ -323,15 +407,18 @@ class SegmentReader:
                 yield self._damage(p + shift, "bad_entry", why + "; rest of the section kept", buf[p:end])
                 return
             entry_end = p + ENTRY_OVERHEAD + size
-            if entry_end > end:
-                yield self._damage(p + shift, "bad_entry",
-                                   f"entry of {size} bytes runs past the end of its section", buf[p:end])
-                return
-            data = bytes(buf[p + 8:p + 8 + size])
             position = entry_end + shift
             if stop is not None and position > stop:
                 self._ended = True
                 return
+            if entry_end > end:
+                if cut:
+                    yield torn(f"the entry of {size} bytes at {p + shift} is cut after {end - p - 8} bytes")
+                else:
+                    yield self._damage(p + shift, "bad_entry",
+                                       f"entry of {size} bytes runs past the end of its section", buf[p:end])
+                return
+            data = bytes(buf[p + 8:p + 8 + size])
             stored = wire.be_u32(buf, entry_end - 4)
             if zlib.crc32(data, c1) != stored:
                 yield self._damage(p + shift, "crc_mismatch", f"mutation CRC mismatch in entry of {size} bytes",
@@ -340,6 +427,8 @@ class SegmentReader:
                 self.entries += 1
                 yield LogEntry(self.name, self.header.id, p + shift, position, data, self.header.version)
             p = entry_end
+        if cut:
+            yield torn(f"the entries from {p + shift} on are missing")
 
 
 def read_segment(source, **kwargs) -> Iterator[Record]:

@@ -56,6 +56,21 @@ def system_table_id(keyspace: str, table: str) -> uuid.UUID:
     return name_uuid_from_bytes(keyspace.encode("utf-8") + table.encode("utf-8"))
 
 
+# Cassandra's own keyspaces (3.0 to 5.0): never user data, and CDC cannot be enabled on their tables.
+SYSTEM_KEYSPACES = frozenset({"system", "system_schema", "system_auth", "system_distributed", "system_traces",
+                              "system_views", "system_virtual_schema", "system_cluster_metadata"})
+
+
+def is_system_table_id(table_id: uuid.UUID) -> bool:
+    """Whether a table id is one Cassandra gives its own tables, even when no schema describes the table.
+
+    Cassandra's tables have name-based (version 3) ids (``system_table_id``); a user table gets a time-based
+    (version 1) id when it is created (``TableId.generate``, 3.x ``UUIDGen.getTimeUUID``). The commit log holds
+    ``system.local``, ``system.compaction_history``, ``system.sstable_activity``... which no user schema lists.
+    """
+    return table_id.version == 3
+
+
 # ----------------------------------------------------------------------------------------------------------
 # The tables of system_schema, as (column, CQL type) lists with their primary keys.
 # Every table is partitioned by keyspace_name: one keyspace's schema is one partition of each table.

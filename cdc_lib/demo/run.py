@@ -3,34 +3,51 @@
 1. Generates what a 3-node, RF 3 cluster writes for the sample schema (``demo.workload.SAMPLE_SCHEMA_CQL``): one
    fake ``cdc_raw`` per node with completed segments (``_cdc.idx`` COMPLETED), so replica copies, out-of-order
    writes, updates, deletes, TTLs, collections and counters all occur.
-2. Starts the embedded Kafka broker (Tansu) and S3 store (SeaweedFS) on 127.0.0.1 (``cdc_lib.embedded``).
+2. Starts the embedded Kafka broker (Tansu) and S3 store (SeaweedFS) on 127.0.0.1 (``demo.servers``).
 3. Runs each node's agent once: cdc_raw -> ``s3://<bucket>/cdc/incoming/...``.
-4. Runs the real ``cassandra_cdc`` DAG with ``airflow dags test`` (SQLite, temporary AIRFLOW_HOME; Kafka and
-   S3 as Airflow connections in the environment) until no segment is left; then ``cassandra_cdc_maintenance``
-   and one more ``cassandra_cdc`` run to publish the TTL expiries.
-5. Prints a summary, a few events consumed from Kafka and a Polars query of a Delta state table.
-6. Stops everything it started, by PID, also on failure or Ctrl-C.
+4. Runs the real ``cassandra_cdc`` DAG with ``airflow dags test`` (SQLite, AIRFLOW_HOME in the workdir; Kafka and
+   S3 as Airflow connections in the environment) until no segment is left, then ``cassandra_cdc_maintenance`` and
+   one more ``cassandra_cdc`` run that publishes the TTL expiries, then ``cassandra_cdc_backfill`` and the
+   ``cassandra_cdc`` run that publishes its snapshot. Every step says what it runs, what it did and how long it
+   took.
+5. Prints a summary, a few events read back from Kafka, whole (before -> after of every column, the changed ones
+   marked), and a Polars query of a Delta state table.
+6. Copies the store to ``<workdir>/store`` (a local store with the same layout: Delta tables, archived segments,
+   ledger), stops everything it started, by PID, also on failure or Ctrl-C, and prints commands to try on what
+   it leaves. The workdir is kept (``--clean`` deletes it); the next demo run in it starts afresh.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER = "demo"
 BUCKET = "cdc-demo"
+DEFAULT_WORKDIR = Path("cdc-demo")
+MARKER = ".cdc-demo"
+ORDERS_COLUMNS = ["customer_id", "order_day", "order_id", "status", "total"]   # shown by the demo and the README
 
 
 def _say(msg: str) -> None:
     print(f"[demo] {msg}", flush=True)
+
+
+@contextlib.contextmanager
+def _step(what: str):
+    """Say what runs, then how long it took and what it did (``notes.append(...)`` inside the block)."""
+    _say(f"{what} ...")
+    notes: list = []
+    t0 = time.monotonic()
+    yield notes
+    _say(f"  done in {time.monotonic() - t0:.1f} s" + "".join(f"; {n}" for n in notes))
 
 
 def airflow_env(home: Path, *, kafka_bootstrap: str, s3) -> dict:
@@ -58,13 +75,16 @@ def airflow_db_migrate(env: dict) -> None:
                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
+def dags_test_argv(dag_id: str, conf: dict) -> list:
+    return [sys.executable, "-m", "airflow", "dags", "test", dag_id, "-c", json.dumps(conf)]
+
+
 def dags_test(dag_id: str, env: dict, conf: dict, log_path: Path) -> float:
     """``airflow dags test <dag_id> -c <conf>``; its output goes to ``log_path``. Returns seconds taken."""
-    argv = [sys.executable, "-m", "airflow", "dags", "test", dag_id, "-c", json.dumps(conf)]
     t0 = time.monotonic()
     start = log_path.stat().st_size if log_path.exists() else 0
     with open(log_path, "ab") as log:
-        proc = subprocess.run(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.run(dags_test_argv(dag_id, conf), env=env, stdout=log, stderr=subprocess.STDOUT)
     with open(log_path, "rb") as f:
         f.seek(start)
         text = f.read().decode(errors="replace")
@@ -75,31 +95,198 @@ def dags_test(dag_id: str, env: dict, conf: dict, log_path: Path) -> float:
     return time.monotonic() - t0
 
 
-def _sum_into(acc: dict, d: dict) -> None:
-    for k, v in (d or {}).items():
-        acc[k] = acc.get(k, 0) + v
+# ------------------------------------------------------------------------------------------------ what ran
+
+def _batches(store) -> list:
+    from cdc_lib.pipeline.batches import Batch
+    return sorted((Batch.from_dict(store.get_json(k)) for k in store.list("ledger/batches/")),
+                  key=lambda b: b.batch_seq)
+
+
+def _ops(by_op: dict) -> str:
+    return ", ".join(f"{op} {n}" for op, n in sorted(by_op.items())) or "none"
+
+
+def describe_batch(b) -> list:
+    """What one ``cassandra_cdc`` run did to one batch, step by step, with the time each step took."""
+    s = b.steps
+    kind = "sweep (TTL expiries)" if b.sweep else "snapshot (backfill)" if b.snapshot else \
+        f"{len(b.segments)} segments, {s.get('claim', {}).get('bytes', 0):,} bytes"
+    pub, tr, ar = s.get("publish", {}), s.get("transform", {}), s.get("archive", {})
+    head = f"batch {b.batch_seq}: {kind} -> {pub.get('events', 0)} events ({_ops(pub.get('by_op', {}))})"
+    if b.segments:
+        head += (f"; {ar.get('archived', 0)} segments archived, {ar.get('quarantined_segments', 0)} quarantined, "
+                 f"{tr.get('quarantined_entries', 0)} entries quarantined")
+    lines = [head]
+    timing = [f"{step} {s[step]['duration_s']:.1f} s" for step in ("claim", "transform", "publish", "archive")
+              if "duration_s" in s.get(step, {})]
+    if "spark_start_s" in tr:
+        timing[1] += f" (Spark start {tr['spark_start_s']:.1f} s)"
+    lines.append("  " + ", ".join(timing))
+    return lines
+
+
+def _run_dag(dag_id: str, why: str, env: dict, conf: dict, log_path: Path, store, notes=None) -> float:
+    """One ``airflow dags test``: what it is for, the exact command, what it did (the batches it wrote, or
+    ``notes()``) and how long it took."""
+    seen = {b.batch_seq for b in _batches(store)}
+    shown = {k: v for k, v in conf.items() if k != "schema_file"}
+    _say(f"airflow dags test {dag_id} -c '{json.dumps(shown)}'   ({why})")
+    took = dags_test(dag_id, env, conf, log_path)
+    steps = 0.0
+    for b in _batches(store):
+        if b.batch_seq not in seen or b.resumed:
+            for line in describe_batch(b):
+                _say("  " + line)
+            steps += sum(b.steps.get(k, {}).get("duration_s", 0) for k in ("claim", "transform", "publish", "archive"))
+    for line in (notes() if notes else []):
+        _say("  " + line)
+    rest = f" (of which Airflow's start-up, DAG parsing and task runners {took - steps:.1f} s)" if steps else ""
+    _say(f"  done in {took:.1f} s{rest}")
+    return took
+
+
+# ------------------------------------------------------------------------------------------------ events
+
+def consume_all(bootstrap: str, topic_prefix: str, timeout: float = 30.0) -> list:
+    """Every record of the table topics (``<prefix>.<keyspace>.<table>``), topic by topic, partition by partition:
+    (topic, key, value) with key and value as JSON."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+    from confluent_kafka.admin import AdminClient
+    meta = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10)
+    out = []
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "cdc-demo-reader", "enable.auto.commit": False,
+                  "enable.partition.eof": True})
+    try:
+        for topic in sorted(t for t in meta.topics if t.startswith(topic_prefix + ".")
+                            and t.count(".") == topic_prefix.count(".") + 2):
+            for partition in sorted(meta.topics[topic].partitions):
+                c.assign([TopicPartition(topic, partition, 0)])
+                deadline = time.monotonic() + timeout
+                while time.monotonic() < deadline:
+                    m = c.poll(1.0)
+                    if m is None:
+                        continue
+                    if m.error():
+                        if m.error().code() == KafkaError._PARTITION_EOF:
+                            break
+                        raise RuntimeError(f"reading {topic}: {m.error()}")
+                    if m.value() is not None:                  # (a tombstone after a delete, if enabled)
+                        out.append((topic, json.loads(m.key()), json.loads(m.value())))
+    finally:
+        c.close()
+    return out
+
+
+def _has_non_ascii(row) -> bool:
+    return row is not None and any(isinstance(v, str) and not v.isascii() for v in row.values())
+
+
+def pick_sample_events(events: list) -> list:
+    """A few events that show what the stream holds: one row's story (created, then updated: both events of the
+    same key, preferably with non-ASCII text), a delete, a TTL expiry and a counter update, in that order. Tables
+    with many columns (``shop.all_types`` has one of every CQL type) only when nothing else has such an event."""
+    def narrow_first(candidates: list) -> list:
+        return sorted(candidates, key=lambda e: len((e[2].get("after") or e[2].get("before") or {})) > 16)
+
+    by_key: dict = {}
+    for topic, key, value in events:
+        by_key.setdefault((topic, json.dumps(key, sort_keys=True)), []).append((topic, key, value))
+    stories = [h[:2] for h in by_key.values() if [v["op"] for _, _, v in h[:2]] == ["c", "u"]]
+    stories.sort(key=lambda h: (len(h[1][2]["after"]) > 16, not _has_non_ascii(h[1][2]["after"])))
+    picked = list(stories[0]) if stories else []
+
+    def first(pred):
+        for e in narrow_first(events):
+            if e not in picked and pred(e[2]):
+                picked.append(e)
+                return
+
+    first(lambda v: v["op"] == "d" and not v["source"].get("expired"))
+    first(lambda v: v["source"].get("expired"))
+    first(lambda v: v["source"].get("table") == "page_views" and v["op"] == "u")
+    return picked
+
+
+def _utc(ts_us) -> str:
+    import datetime
+    if ts_us is None:
+        return "?"
+    t = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc) + datetime.timedelta(microseconds=ts_us)
+    return t.isoformat().replace("+00:00", "Z")
+
+
+def _text(v) -> str:
+    return json.dumps(v, ensure_ascii=False, default=str)
+
+
+def render_event(topic: str, key, value: dict) -> list:
+    """An event as lines a person reads: topic, op, key, where it came from, then every column before -> after,
+    the changed ones marked with '*'. Values are whole, text as text."""
+    src = value["source"]
+    what = {"c": "created", "u": "updated", "d": "deleted", "r": "read (snapshot)"}.get(value["op"], value["op"])
+    if src.get("expired"):
+        what += " by TTL expiry"
+    lines = [f"{topic}  op={value['op']} ({what})  key={_text(key)}"]
+    if src.get("segment"):
+        node = f"{src['node']} " if src.get("node") else ""
+        lines.append(f"    from {node}{src['segment']} @ {src.get('position')}, written {_utc(src.get('ts_us'))}")
+    elif src.get("ts_us") is not None:
+        lines.append(f"    at {_utc(src['ts_us'])}")
+    before, after = value.get("before") or {}, value.get("after") or {}
+    changed = set(value.get("changed") or [])
+    names = list(after or before)
+    cells = {n: (_text(before[n]) if value.get("before") is not None else "-",
+                 _text(after[n]) if value.get("after") is not None else "-") for n in names}
+    width = max([len("column")] + [len(n) for n in names])
+    left = max([len("before")] + [min(len(b), 48) for b, _ in cells.values()])
+    lines.append(f"    {'column':<{width}}  {'before':<{left}}    after")
+    for n in names:
+        b, a = cells[n]
+        lines.append(f"  {'*' if n in changed else ' '} {n:<{width}}  {b:<{left}} -> {a}")
+    return lines
+
+
+# ------------------------------------------------------------------------------------------------ the store
+
+def mirror_store(store, dest: Path) -> int:
+    """Copy every object of ``store`` (with its checksum sidecar) to the local store ``dest``; returns the count."""
+    from cdc_lib.storage.objects import ObjectStore
+    local = ObjectStore.from_url(str(dest.resolve()))
+    keys = store.list()
+    for key in keys:
+        local.put_bytes(key, store.get_bytes(key), checksum=store.info(key).checksum)
+    return len(keys)
+
+
+def query_delta(table_path: str, columns: list, limit: int = 5):
+    """Polars over a Delta state table: the visible rows (``_cdc_live``), the given columns."""
+    import polars as pl
+    live = pl.scan_delta(table_path).filter(pl.col("_cdc_live")).select(columns)
+    return live.select(pl.len()).collect().item(), live.head(limit).collect()
 
 
 def summarize(store, cw) -> dict:
     """Totals over every batch manifest in the store, next to what the generator wrote."""
-    from cdc_lib.pipeline.batches import Batch
     by_op: dict = {}
     by_table: dict = {}
     s = {"batches": 0, "segments": 0, "events": 0, "published": 0, "already_in_kafka": 0, "quarantined": 0,
-         "archived": 0, "sweep_batches": 0}
-    for key in store.list("ledger/batches/"):
-        b = Batch.from_dict(store.get_json(key))
+         "archived": 0, "sweep_batches": 0, "snapshot_batches": 0}
+    for b in _batches(store):
         s["batches"] += 1
         s["segments"] += len(b.segments)
         s["sweep_batches"] += int(b.sweep)
+        s["snapshot_batches"] += int(b.snapshot)
         pub = b.steps.get("publish", {})
         s["events"] += pub.get("events", 0)
         s["published"] += pub.get("produced", 0)
         s["already_in_kafka"] += pub.get("already_in_kafka", 0)
         s["quarantined"] += b.steps.get("transform", {}).get("quarantined_entries", 0)
         s["archived"] += b.steps.get("archive", {}).get("archived", 0)
-        _sum_into(by_op, pub.get("by_op"))
-        _sum_into(by_table, pub.get("by_table"))
+        for k, v in pub.get("by_op", {}).items():
+            by_op[k] = by_op.get(k, 0) + v
+        for k, v in pub.get("by_table", {}).items():
+            by_table[k] = by_table.get(k, 0) + v
     s["by_op"] = by_op
     s["by_table"] = by_table
     s["generated_mutations"] = len(cw.mutations)
@@ -108,145 +295,13 @@ def summarize(store, cw) -> dict:
     return s
 
 
-def consume_some(bootstrap: str, topic_prefix: str, n: int = 5, timeout: float = 20.0) -> list:
-    """The first ``n`` records of each table topic (key, value as JSON)."""
-    from confluent_kafka import Consumer, TopicPartition
-    from confluent_kafka.admin import AdminClient
-    topics = sorted(t for t in AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).topics
-                    if t.startswith(topic_prefix + "."))
-    out = []
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "cdc-demo-reader", "enable.auto.commit": False,
-                  "auto.offset.reset": "earliest"})
-    try:
-        for topic in topics:
-            c.assign([TopicPartition(topic, 0, 0)])
-            got = 0
-            deadline = time.monotonic() + timeout
-            while got < n and time.monotonic() < deadline:
-                m = c.poll(0.5)
-                if m is None or m.error():
-                    continue
-                out.append((topic, json.loads(m.key()), json.loads(m.value()) if m.value() else None))
-                got += 1
-    finally:
-        c.close()
-    return out
-
-
-def query_delta(root: str, storage_options: dict, keyspace: str, table: str, limit: int = 5):
-    """Polars over the Delta state table: the visible rows (``_cdc_live``), typed columns only."""
-    import polars as pl
-
-    from cdc_lib.sinks.delta import state_table_uri
-    uri = state_table_uri(root, keyspace, table)
-    df = pl.scan_delta(uri, storage_options=storage_options or None)
-    cols = [c for c in df.collect_schema().names() if not c.startswith("_cdc_")]
-    live = df.filter(pl.col("_cdc_live")).select(cols[:6])      # the key columns and a few more
-    return live.select(pl.len()).collect().item(), live.head(limit).collect()
-
-
-def run_demo(n_mutations: int = 2000, workdir: Path | None = None, keep: bool = False, seed: int = 7,
-             max_segments: int = 16) -> dict:
-    from cdc_lib.agent.shipper import Agent
-    from cdc_lib.pipeline.batches import read_metrics
-    from cdc_lib.pipeline.resources import open_store
-    from cdc_lib.settings import AgentConfig, PipelineConfig
-
-    from .servers import run_kafka_broker, run_s3_server
-    from .workload import SAMPLE_SCHEMA_CQL, Workload, sample_schema, write_cluster_segments
-    t_start = time.monotonic()
-    owned = workdir is None
-    work = Path(tempfile.mkdtemp(prefix="cdc-demo-")) if owned else Path(workdir)
-    if not owned and work.exists() and any(work.iterdir()):
-        if not (work / ".cdc-demo").exists():
-            raise SystemExit(f"demo: {work} is not empty and not an earlier demo's workdir; choose another")
-        shutil.rmtree(work)          # an earlier demo's files: start afresh
-    work.mkdir(parents=True, exist_ok=True)
-    (work / ".cdc-demo").write_text("made by cassandra-cdc demo; deleted by the next demo run here\n")
-    try:
-        schema_file = work / "schema.cql"
-        schema_file.write_text(SAMPLE_SCHEMA_CQL)
-        _say(f"workdir {work}")
-        _say(f"generating {n_mutations} writes on 3 nodes, RF 3 (sample schema: {schema_file})")
-        schema = sample_schema()
-        workload = Workload(schema, seed=seed)
-        cw = write_cluster_segments(work / "cassandra", schema, n_mutations, seed=seed, workload=workload,
-                                    segment_size=256 * 1024)
-        for node, paths in sorted(cw.segments.items()):
-            _say(f"  {node}: {len(paths)} segments in {work / 'cassandra' / node}")
-        with contextlib.ExitStack() as stack:
-            _say("starting Kafka (Tansu) and S3 (SeaweedFS) on 127.0.0.1 ...")
-            broker = stack.enter_context(run_kafka_broker(work / "tansu"))
-            s3 = stack.enter_context(run_s3_server(work / "weed", bucket=BUCKET))
-            _say(f"  kafka {broker.bootstrap} (pid {broker.pid}); s3 {s3.endpoint_url} (pid {s3.pid})")
-            store_url = f"s3://{BUCKET}/cdc"
-            # The end of the generated traffic: TTLs (60 s, 3600 s) are still running at the first batches.
-            now = workload.clock_us // 1_000_000 + 5
-            cfg = PipelineConfig(store_url=store_url, s3_endpoint_url=s3.endpoint_url, s3_access_key=s3.access_key,
-                                 s3_secret_key=s3.secret_key, cluster=CLUSTER, schema_file=str(schema_file),
-                                 kafka_bootstrap=broker.bootstrap, now=now, max_segments=max_segments)
-            store = open_store(cfg)
-
-            _say("agents: shipping cdc_raw -> " + store_url)
-            for node in sorted(cw.segments):
-                agent = Agent(AgentConfig(cdc_raw=work / "cassandra" / node, store_url=store_url, cluster=CLUSTER,
-                                          node=node, storage_options=cfg.fs_options(),
-                                          state_dir=work / "agent-state" / node), store=store)
-                _say(f"  {node}: {agent.run_once()} segments shipped")
-
-            home = work / "airflow"
-            home.mkdir(exist_ok=True)
-            env = airflow_env(home, kafka_bootstrap=broker.bootstrap, s3=s3)
-            _say("airflow db migrate (SQLite) ...")
-            airflow_db_migrate(env)
-            conf = {"store_url": store_url, "cluster": CLUSTER, "schema_file": str(schema_file), "now": now,
-                    "max_segments": max_segments}
-            log_path = work / "airflow-dags-test.log"
-            timings = []
-            for run in range(1, 20):
-                if not store.list(f"incoming/{CLUSTER}/"):
-                    break
-                _say(f"airflow dags test cassandra_cdc (run {run}) ...")
-                timings.append(dags_test("cassandra_cdc", env, conf, log_path))
-                _say(f"  done in {timings[-1]:.1f} s; {len(store.list(f'incoming/{CLUSTER}/'))} segments left")
-            # An hour later every TTL has run out: the maintenance DAG requests the sweep, the next run does it.
-            _say("airflow dags test cassandra_cdc_maintenance (TTL sweep request, Delta compact/vacuum) ...")
-            dags_test("cassandra_cdc_maintenance", env, {**conf, "now": now + 4000}, log_path)
-            _say("airflow dags test cassandra_cdc (the expiry sweep batch) ...")
-            timings.append(dags_test("cassandra_cdc", env, {**conf, "now": now + 4000}, log_path))
-
-            summary = summarize(store, cw)
-            summary["metrics"] = read_metrics(cfg).get("totals", {})
-            summary["dags_test_seconds"] = [round(t, 1) for t in timings]
-            _print_summary(summary, store_url)
-            _say("a few events from Kafka:")
-            for topic, key, value in consume_some(broker.bootstrap, cfg.topic_prefix, n=2):
-                after = value and (value.get("after") or value.get("before")) or {}
-                short = {k: v for k, v in list(after.items())[:4]}
-                print(f"    {topic} key={json.dumps(key)} op={value and value['op']} "
-                      f"expired={value and value['source']['expired']} row={json.dumps(short, default=str)[:140]}")
-            root = store.url
-            count, df = query_delta(root, cfg.delta_options(), "shop", "orders")
-            _say(f"Polars over the Delta state table shop.orders ({root}/delta/state/shop.orders): "
-                 f"{count} visible rows; first {len(df)}:")
-            print(df)
-            summary["orders_rows"] = count
-            _say(f"stopping kafka (pid {broker.pid}) and s3 (pid {s3.pid})")
-        summary["seconds"] = round(time.monotonic() - t_start, 1)
-        _say(f"done in {summary['seconds']} s")
-        return summary
-    finally:
-        if owned and not keep:
-            shutil.rmtree(work, ignore_errors=True)
-
-
 def _print_summary(s: dict, store_url: str) -> None:
     _say("summary")
     print(f"    generated mutations          {s['generated_mutations']}")
     print(f"    commit-log entries (3 nodes) {s['commit_log_entries']}")
     print(f"    replica copies dropped       {s['replica_copies_dropped']}")
     print(f"    batches / segments           {s['batches']} / {s['segments']} (archived {s['archived']}, "
-          f"sweep batches {s['sweep_batches']})")
+          f"sweep batches {s['sweep_batches']}, snapshot batches {s['snapshot_batches']})")
     print(f"    events published             {s['events']} (produced {s['published']}, already in Kafka "
           f"{s['already_in_kafka']})")
     print(f"    events by op                 {json.dumps(s['by_op'], sort_keys=True)}")
@@ -255,20 +310,187 @@ def _print_summary(s: dict, store_url: str) -> None:
     print(f"    counters                     {store_url}/checkpoints/metrics.json")
 
 
-def demo_main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="cassandra-cdc demo", description=__doc__.split("\n\n")[0])
-    p.add_argument("--mutations", type=int, default=2000, help="generated writes (each on 3 replicas)")
-    p.add_argument("--workdir", type=Path, help="keep everything here (default: a temporary directory)")
-    p.add_argument("--keep", action="store_true", help="do not delete the temporary directory")
-    p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--max-segments", type=int, default=16, help="segments per batch (DAG param)")
-    a = p.parse_args(argv)
+def try_it_commands(work: Path) -> list:
+    """Commands that work on what the demo leaves in ``work``: the README's "Try it after the demo" ones."""
+    store = work / "store"
+    orders = store / "delta" / "state" / "shop.orders"
+    venv = REPO / ".venv" / "bin"
+    py = shlex.quote(str(venv / "python")) if venv.is_dir() else shlex.quote(sys.executable)
+    cli = shlex.quote(str(venv / "cassandra-cdc")) if venv.is_dir() else f"{py} -m cdc_lib.cli"
+    columns = ", ".join(repr(c) for c in ORDERS_COLUMNS)
+    return [
+        f"{py} -c \"import polars as pl; print(pl.read_delta('{orders}').filter(pl.col('_cdc_live'))"
+        f".select({columns}))\"",
+        f"{py} -c \"import duckdb; from deltalake import DeltaTable; orders = DeltaTable('{orders}')"
+        ".to_pyarrow_dataset(); duckdb.sql('SELECT status, count(*) AS n FROM orders WHERE _cdc_live GROUP BY "
+        "status ORDER BY status').show()\"",
+        f"{py} -c \"import duckdb; from deltalake import DeltaTable; "
+        f"events = DeltaTable('{store / 'delta' / 'events'}').to_pyarrow_dataset(); "
+        "duckdb.sql('SELECT \\\"table\\\", op, count(*) AS n FROM events GROUP BY ALL ORDER BY ALL').show()\"",
+        f"{cli} inspect --schema {work / 'schema.cql'} --format text "
+        f"{store / 'archived' / CLUSTER / 'node1'}/CommitLog-7-*.log | head -20",
+    ]
+
+
+# ------------------------------------------------------------------------------------------------ the run
+
+def _prepare_workdir(work: Path) -> None:
+    if work.exists() and any(work.iterdir()):
+        if not (work / MARKER).exists():
+            raise SystemExit(f"cassandra-cdc demo: {work} is not empty and not an earlier demo's workdir; "
+                             "choose another with --workdir")
+        shutil.rmtree(work)          # an earlier demo's files: start afresh
+    work.mkdir(parents=True, exist_ok=True)
+    (work / MARKER).write_text("made by cassandra-cdc demo; deleted by the next demo run here\n")
+
+
+def run_demo(n_mutations: int = 2000, workdir: Path = DEFAULT_WORKDIR, seed: int = 7, max_segments: int = 16,
+             clean: bool = False) -> dict:
+    from cdc_lib.agent.shipper import Agent
+    from cdc_lib.pipeline.batches import read_metrics
+    from cdc_lib.pipeline.resources import open_store
+    from cdc_lib.settings import AgentConfig, PipelineConfig
+
+    from .servers import run_kafka_broker, run_s3_server
+    from .workload import SAMPLE_SCHEMA_CQL, Workload, sample_schema, write_cluster_segments
+    t_start = time.monotonic()
+    work = Path(workdir)
+    _prepare_workdir(work)
     try:
-        run_demo(a.mutations, a.workdir, a.keep, a.seed, a.max_segments)
+        schema_file = work / "schema.cql"
+        schema_file.write_text(SAMPLE_SCHEMA_CQL)
+        _say(f"workdir {work} (" + ("deleted at the end: --clean" if clean else
+                                    "kept after the demo; --clean deletes it, the next demo run here starts afresh")
+             + ")")
+        with _step(f"generating {n_mutations} writes on 3 nodes, RF 3 (sample schema: {schema_file})") as notes:
+            schema = sample_schema()
+            workload = Workload(schema, seed=seed)
+            cw = write_cluster_segments(work / "cassandra", schema, n_mutations, seed=seed, workload=workload,
+                                        segment_size=256 * 1024)
+            notes.append(", ".join(f"{node}: {len(paths)} segments" for node, paths in sorted(cw.segments.items()))
+                         + f" in {work / 'cassandra'}/<node>")
+        with contextlib.ExitStack() as stack:
+            with _step("starting Kafka (Tansu) and S3 (SeaweedFS) on 127.0.0.1") as notes:
+                broker = stack.enter_context(run_kafka_broker(work.resolve() / "tansu"))
+                s3 = stack.enter_context(run_s3_server(work.resolve() / "weed", bucket=BUCKET))
+                notes.append(f"kafka {broker.bootstrap} (pid {broker.pid}), s3 {s3.endpoint_url} (pid {s3.pid})")
+            store_url = f"s3://{BUCKET}/cdc"
+            # The end of the generated traffic: TTLs (60 s, 3600 s) are still running at the first batches.
+            now = workload.clock_us // 1_000_000 + 5
+            cfg = PipelineConfig(store_url=store_url, s3_endpoint_url=s3.endpoint_url, s3_access_key=s3.access_key,
+                                 s3_secret_key=s3.secret_key, cluster=CLUSTER, schema_file=str(schema_file),
+                                 kafka_bootstrap=broker.bootstrap, now=now, max_segments=max_segments)
+            store = open_store(cfg)
+
+            with _step(f"agents: shipping each node's cdc_raw to {store_url}") as notes:
+                for node in sorted(cw.segments):
+                    agent = Agent(AgentConfig(cdc_raw=work / "cassandra" / node, store_url=store_url,
+                                              cluster=CLUSTER, node=node, storage_options=cfg.fs_options(),
+                                              state_dir=work / "agent-state" / node), store=store)
+                    agent.run_once()
+                    notes.append(f"{node}: {agent.metrics()['segments_shipped']} segments")
+
+            home = (work / "airflow").resolve()
+            home.mkdir(exist_ok=True)
+            env = airflow_env(home, kafka_bootstrap=broker.bootstrap, s3=s3)
+            with _step(f"airflow db migrate (SQLite, AIRFLOW_HOME={home})"):
+                airflow_db_migrate(env)
+            conf = {"store_url": store_url, "cluster": CLUSTER, "schema_file": str(schema_file.resolve()),
+                    "now": now, "max_segments": max_segments}
+            log_path = work / "airflow-dags-test.log"
+            _say(f"every airflow command below runs with that AIRFLOW_HOME, the Kafka and S3 connections as "
+                 f"AIRFLOW_CONN_* variables, and schema_file={schema_file} in its -c; task logs: {log_path}")
+            timings = []
+            for run in range(1, 20):
+                left = len(store.list(f"incoming/{CLUSTER}/"))
+                if not left:
+                    break
+                timings.append(_run_dag("cassandra_cdc", f"run {run}: claim -> transform (Spark) -> publish "
+                                        f"(Kafka) -> archive; {left} segments waiting", env, conf, log_path, store))
+            # An hour later every TTL has run out: the maintenance DAG requests the sweep, the next run does it.
+            later = {**conf, "now": now + 4000}
+
+            def upkeep() -> list:
+                m = read_metrics(cfg).get("last", {}).get("maintenance", {})
+                return [f"sweep requested; {m.get('tables', 0)} Delta tables: {m.get('files_removed', 0)} small files "
+                        f"compacted into {m.get('files_added', 0)}, {m.get('vacuumed', 0)} old files vacuumed"]
+            _run_dag("cassandra_cdc_maintenance", "an hour later: request the TTL-expiry sweep; compact and vacuum "
+                     "the Delta tables", env, later, log_path, store, upkeep)
+            timings.append(_run_dag("cassandra_cdc", "the sweep batch: an event for every row a TTL changed",
+                                    env, later, log_path, store))
+            _run_dag("cassandra_cdc_backfill", "request a snapshot of the current state", env, later, log_path,
+                     store, lambda: ["snapshot requested: the next cassandra_cdc run publishes it"])
+            timings.append(_run_dag("cassandra_cdc", "the snapshot batch: an 'r' event for every visible row, "
+                                    "between the batches before and after it", env, later, log_path, store))
+
+            summary = summarize(store, cw)
+            summary["metrics"] = read_metrics(cfg).get("totals", {})
+            summary["dags_test_seconds"] = [round(t, 1) for t in timings]
+            _print_summary(summary, store_url)
+
+            events = consume_all(broker.bootstrap, cfg.topic_prefix)
+            samples = pick_sample_events([e for e in events if e[2]["op"] != "r"])
+            _say(f"{len(events)} events in Kafka; a few of them, whole (every column before -> after, "
+                 "changed ones marked *):")
+            for topic, key, value in samples:
+                for line in render_event(topic, key, value):
+                    print("    " + line)
+            summary["sample_events"] = samples
+
+            with _step(f"copying the store {store_url} to {work / 'store'} (a local store to query after the demo)") \
+                    as notes:
+                notes.append(f"{mirror_store(store, work / 'store')} objects")
+            orders = work / "store" / "delta" / "state" / "shop.orders"
+            count, df = query_delta(str(orders), ORDERS_COLUMNS)
+            _say(f"Polars over the Delta state table shop.orders ({orders}): {count} visible rows; first {len(df)}:")
+            print(df)
+            summary["orders_rows"] = count
+            t0 = time.monotonic()
+            _say(f"stopping kafka (pid {broker.pid}) and s3 (pid {s3.pid}) ...")
+        _say(f"  stopped in {time.monotonic() - t0:.1f} s")
+        summary["seconds"] = round(time.monotonic() - t_start, 1)
+        _say(f"done in {summary['seconds']} s")
+        if not clean:
+            _say(f"try it on what the demo left in {work} (more in the README, \"Try it after the demo\"):")
+            for cmd in try_it_commands(work):
+                print("    " + cmd)
+        return summary
+    finally:
+        if clean:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def build_parser():
+    from cdc_lib.cli import exits
+    p = exits.ArgumentParser(
+        prog="cassandra-cdc demo",
+        description="Run the whole pipeline on embedded defaults: generated segments of a 3-node RF 3 cluster, the "
+                    "node agents, an S3 server (SeaweedFS), the real Airflow DAGs (airflow dags test, local Spark "
+                    "and Delta) and a Kafka broker (Tansu), all on 127.0.0.1. It prints what each step does and how "
+                    "long it takes, events read back from Kafka and a query of a Delta table, then stops what it "
+                    "started and keeps its files in the workdir.")
+    p.add_argument("--mutations", type=int, default=2000, help="generated writes, each on 3 replicas (2000)")
+    p.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR,
+                   help="where the demo's files go and stay: segments, the S3 and Airflow data, and a local copy "
+                        "of the store to query (default: ./cdc-demo; an earlier demo's workdir is replaced)")
+    p.add_argument("--clean", action="store_true", help="delete the workdir at the end")
+    p.add_argument("--seed", type=int, default=7, help="seed of the generated workload (7): same seed, same writes")
+    p.add_argument("--max-segments", type=int, default=16, help="segments per batch, a DAG param (16)")
+    return p
+
+
+def demo_main(argv=None) -> int:
+    from cdc_lib.cli import exits
+    a = build_parser().parse_args(argv)
+    try:
+        run_demo(a.mutations, a.workdir, a.seed, a.max_segments, a.clean)
     except KeyboardInterrupt:
         _say("interrupted: everything started was stopped")
-        return 130
-    return 0
+        return exits.INTERRUPTED
+    except Exception as e:  # noqa: BLE001 - a failed step: say which, with its log, not a traceback
+        print(f"cassandra-cdc demo: failed: {e}", file=sys.stderr)
+        return exits.FAILED
+    return exits.OK
 
 
 if __name__ == "__main__":
