@@ -88,8 +88,8 @@ def assert_exactly_once_in_order(bootstrap: str, batch: list) -> None:
 CRASH_SCRIPT = textwrap.dedent("""
     import json, os, sys
     sys.path.insert(0, {repo!r})
-    from cdc_lib.publish import KafkaPublisher, OutboxEvent
-    from cdc_lib.storage import ObjectStore
+    from cdc_lib.sinks.kafka import KafkaPublisher, OutboxEvent
+    from cdc_lib.storage.objects import ObjectStore
     bootstrap, ledger, batch_id, point, index, acked, events = json.load(sys.stdin)
     def fault(p, **info):
         if p == point and (index is None or info.get("index") == index):

@@ -91,7 +91,7 @@ def test_missing_id_is_an_error_naming_the_table(caplog):
     text = "CREATE TABLE ks.t1 (k int PRIMARY KEY, v int) WITH ID = %s;\nCREATE TABLE ks.t2 (k int PRIMARY KEY);" % ID1
     with pytest.raises(SchemaError, match=r"<cql>:2: table ks\.t2 has no ID"):
         load_cql_schema(text)
-    with caplog.at_level(logging.WARNING, logger="cdc_lib.schema_cql"):
+    with caplog.at_level(logging.WARNING, logger="cdc_lib.cql.schema_from_ddl"):
         a = load_cql_schema(text, allow_missing_ids=True)
     assert "ks.t2" in caplog.text
     b = load_cql_schema(text, allow_missing_ids=True)
