@@ -364,12 +364,12 @@ def test_counter_delete_and_increment_in_one_batch():
     table = make_table(counter=True)
     ctx = lambda clock, count: cqltypes.encode_counter_context([(uuid.UUID(int=1), clock, count, "global")])
     states = {}
-    apply_batch(table, states, mutation(rec("cell", 10, 1, "n", ctx(1, 5))) + mutation(rec("cell", 10, 2, "n", ctx(1, 3))),
-                NOW)
+    apply_batch(table, states, mutation(rec("cell", 10, 1, "n", ctx(1, 5))) +
+                mutation(rec("cell", 10, 2, "n", ctx(1, 3))), NOW)
     # BEGIN COUNTER BATCH: DELETE n (ck 1); UPDATE n = n + 1 (ck 1 and ck 2); all at the batch's timestamp
-    events = apply_batch(table, states, mutation(rec("cell_tombstone", 20, 1, "n", ldt=NOW),
-                                                 rec("cell", 20, 1, "n", ctx(2, 6)), rec("cell", 20, 2, "n", ctx(2, 4))),
-                         NOW)
+    batch = mutation(rec("cell_tombstone", 20, 1, "n", ldt=NOW), rec("cell", 20, 1, "n", ctx(2, 6)),
+                     rec("cell", 20, 2, "n", ctx(2, 4)))
+    events = apply_batch(table, states, batch, NOW)
     assert [(e["op"], e["key"]["ck"], e["after"] and e["after"]["n"]) for e in events] == [("d", 1, None), ("u", 2, 4)]
 
 

@@ -125,6 +125,26 @@ def test_generated_workload_round_trip_and_fast_path(tmp_path, version):
     _fast_vs_reference(pairs, lambda e: schema)
 
 
+def test_mutation_id_is_shared_by_replica_copies_and_distinct_per_mutation(tmp_path):
+    """Every replica logs the same bytes for a mutation, so every copy's records carry one id, on both paths."""
+    from cdc_lib.celllog.reader import read_cell_log
+    schema = sample_schema()
+    cw = write_cluster_segments(tmp_path, schema, 150, seed=3)          # 3 nodes, RF 3
+    nodes_by_id: dict = {}
+    for node, paths in cw.segments.items():
+        for path in paths:
+            for e in SegmentReader(path):
+                m = decode_entry(e, schema)
+                assert {r["mutation_id"] for r in mutation_records(m)} == {m.mutation_id}
+                nodes_by_id.setdefault(m.mutation_id, set()).add(node)
+    assert set(nodes_by_id) == {m.mutation_id for m in cw.mutations}   # the generator's ids are the bytes' ids
+    assert len(nodes_by_id) == len(cw.mutations)
+    assert all(nodes == set(cw.segments) for nodes in nodes_by_id.values())
+    fast_ids = {r["mutation_id"] for b in read_cell_log([p for ps in cw.segments.values() for p in ps], schema,
+                                                        on_damage=pytest.fail) for r in b.to_pylist()}
+    assert fast_ids == set(nodes_by_id) and all(len(i) == 16 for i in fast_ids)
+
+
 def test_messaging_13_unsigned_local_deletion_times():
     """5.0's descriptor 8: local deletion times past 2038 read back as unsigned 32-bit values."""
     schema = sample_schema()
