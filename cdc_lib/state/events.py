@@ -75,6 +75,7 @@ Other entry points: ``snapshot_events`` (``r`` events of every visible row, for 
 from __future__ import annotations
 
 import hashlib
+from operator import itemgetter
 from typing import Iterable, Optional
 
 from cdc_lib.celllog.schema import KIND_PARTITION_DELETION, KIND_RANGE_TOMBSTONE
@@ -86,10 +87,9 @@ CONNECTOR = "cassandra-cdc"
 OP_CREATE, OP_UPDATE, OP_DELETE, OP_READ = "c", "u", "d", "r"
 
 
-def _source_order(rec) -> tuple:
-    """Which copy of a mutation an event names as its source: the smallest (segment id, position, ...)."""
-    return (rec.get("segment_id") or 0, rec.get("position") or 0, rec.get("segment") or "",
-            rec.get("entry_index") or 0, rec.get("seq") or 0)
+# Which copy of a mutation an event names as its source: the one with the smallest (segment id, position,
+# segment), which is also the copy ``state.batch.dedupe_records`` keeps (records are cell-log records).
+_source_copy = itemgetter("segment_id", "position", "segment")
 
 
 def _partition_changes(records: list) -> list:
@@ -98,8 +98,19 @@ def _partition_changes(records: list) -> list:
     A change is one mutation's records (same ``mutation_id``); records without one are one change together.
     Order: write time (the highest timestamp of the change's records), then mutation id (none first).
     """
+    first = records[0]
     if len(records) == 1:
-        return [(records[0]["timestamp"], records)]
+        return [(first["timestamp"], records)]
+    mid = first.get("mutation_id")
+    write_time = first["timestamp"]
+    for rec in records:             # most partitions of a batch have one mutation: no grouping, no sort
+        if rec.get("mutation_id") != mid:
+            break
+        ts = rec["timestamp"]
+        if ts > write_time:
+            write_time = ts
+    else:
+        return [(write_time, records)]
     groups: dict = {}
     for rec in records:
         mid = rec.get("mutation_id")
@@ -109,8 +120,7 @@ def _partition_changes(records: list) -> list:
         else:
             group.append(rec)
     changes = [(max(r["timestamp"] for r in group), mid or b"", group) for mid, group in groups.items()]
-    if len(changes) > 1:
-        changes.sort(key=lambda c: (c[0], c[1]))
+    changes.sort(key=lambda c: (c[0], c[1]))
     return [(write_time, group) for write_time, _, group in changes]
 
 
@@ -279,7 +289,7 @@ def apply_batch(table, states: dict, records: Iterable, now: int, *, cluster: st
                 before = partition_images(table, part, now, only)
                 _swap_rows(part, current)
             after = partition_images(table, part, now, only)
-            source = group[0] if len(group) == 1 else min(group, key=_source_order)
+            source = group[0] if len(group) == 1 else min(group, key=_source_copy)
             events += emitter.diff(pk, part, before, after, now, ts, source.get("segment"), source.get("position"),
                                    False)
     return events
