@@ -185,6 +185,8 @@ def mutation_id(entry_bytes: bytes) -> bytes:
     serializes the same mutation to the same bytes (the coordinator fixes its timestamps, local deletion
     times, column headers and encoding stats, and replicas re-serialize what they received), so replica
     copies, hints and batchlog replays of one mutation share the id, while two different writes never do.
+    Replicas on different messaging versions (a rolling upgrade) serialize it differently: their copies are then
+    two mutations with the same content and write time, and applying the second changes nothing.
     """
     return hashlib.blake2b(entry_bytes, digest_size=MUTATION_ID_BYTES).digest()
 

@@ -4,8 +4,9 @@ Used by the demo, the benchmarks and the tests. ``Workload`` produces logical wr
 layer sees them (``commitlog.model.Mutation``): inserts with row markers, partial updates, TTLs, collection element
 adds/removes and overwrites (a complex deletion at ``ts - 1`` plus the new elements at ``ts``, as Cassandra writes
 them), static columns, cell/row/range/partition deletions, counters, and batches of several statements on one
-partition (one mutation), with client timestamps that do not follow arrival order. ``write_cluster_segments`` then gives every replica its copy,
-in a per-node arrival order, in real segment files written by ``commitlog.writer.SegmentWriter``.
+partition (one mutation), with client timestamps that do not follow arrival order. ``write_cluster_segments``
+then gives every replica its copy, in a per-node arrival order, in real segment files written by
+``commitlog.writer.SegmentWriter``.
 """
 from __future__ import annotations
 
