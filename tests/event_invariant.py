@@ -67,43 +67,45 @@ def check_events(events, states, *, complete: bool = False) -> None:
         for s in canon_states:
             keys |= set(s)
     for key in sorted(keys):
-        history = _history(canon_states, key)
-        pos = None          # index in history of the last image matched
-        for i, event in by_key.get(key, ()):
-            op, before, after = event["op"], _canon(event.get("before")), _canon(event.get("after"))
+        _check_key(key, by_key.get(key, ()), _history(canon_states, key), complete)
 
-            def fail(why):
-                shown = "\n    ".join(str(h) for h in history[:12]) + ("\n    ..." if len(history) > 12 else "")
-                raise AssertionError(f"event #{i} ({op}) of key {key}: {why}\n  before: {before}\n  after:  {after}"
-                                     f"\n  the row's states, in order:\n    {shown}")
-            expected_op = "c" if before is None else ("d" if after is None else "u")
-            if op == "r":
-                if before is not None or after is None:
-                    fail("a snapshot read carries only an after image")
-            elif op != expected_op:
-                fail(f"op should be {expected_op!r}")
-            if before == after:
-                fail("the event changes nothing")
-            if op == "r":
-                start = 0 if pos is None else pos
-            elif pos is None:
-                if before not in history:
-                    fail("its before image is not a state the row ever had")
-                start = history.index(before)
-                if complete and start != 0:
-                    fail("its before image is not the row's first state")
-            else:
-                if before != history[pos]:
-                    fail("its before image is not the previous event's after image")
-                start = pos
-            try:
-                found = history.index(after, start + (0 if op == "r" else 1))
-            except ValueError:
-                fail("its after image is not a state the row had (after the previous image)")
-            if complete and op != "r" and found != start + 1:
-                fail(f"states were skipped: {history[start + 1:found]}")
-            pos = found
-        if complete and (0 if pos is None else pos) != len(history) - 1:
-            fail_at = "no event" if pos is None else "the last event"
-            raise AssertionError(f"key {key}: {fail_at} reaches its latest state; states not published: "
-                                 f"{history[(pos or 0) + 1:]}")
+
+def _check_key(key: str, events, history: list, complete: bool) -> None:
+    pos = None          # index in history of the last image matched
+    for i, event in events:
+        op, before, after = event["op"], _canon(event.get("before")), _canon(event.get("after"))
+
+        def fail(why):
+            shown = "\n    ".join(str(h) for h in history[:12]) + ("\n    ..." if len(history) > 12 else "")
+            raise AssertionError(f"event #{i} ({op}) of key {key}: {why}\n  before: {before}\n  after:  {after}"
+                                 f"\n  the row's states, in order:\n    {shown}")
+        expected = "c" if before is None else ("d" if after is None else "u")
+        if op == "r":
+            if before is not None or after is None:
+                fail("a snapshot read carries only an after image")
+        elif op != expected:
+            fail(f"op should be {expected!r}")
+        if before == after:
+            fail("the event changes nothing")
+        if op == "r":
+            start = 0 if pos is None else pos
+        elif pos is None:
+            if before not in history:
+                fail("its before image is not a state the row ever had")
+            start = history.index(before)
+            if complete and start != 0:
+                fail("its before image is not the row's first state")
+        else:
+            if before != history[pos]:
+                fail("its before image is not the previous event's after image")
+            start = pos
+        try:
+            found = history.index(after, start if op == "r" else start + 1)
+        except ValueError:
+            fail("its after image is not a state the row had (after the previous image)")
+        if complete and op != "r" and found != start + 1:
+            fail(f"states were skipped: {history[start + 1:found]}")
+        pos = found
+    if complete and (pos or 0) != len(history) - 1:
+        raise AssertionError(f"key {key}: {'no event' if pos is None else 'the last event'} reaches its latest "
+                             f"state; states not published: {history[(pos or 0) + 1:]}")
