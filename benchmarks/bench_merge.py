@@ -5,8 +5,8 @@
 Table ``bench.kv (id bigint PRIMARY KEY, v text, n int)``. The state table (typed columns plus the ``_cdc_*``
 metadata, exactly as ``cdc_lib.sinks.delta`` writes it) is generated vectorised with Arrow (checked against
 ``sinks.delta.partition_rows`` on a sample), so building it is not what is measured. A change is
-``UPDATE kv SET v = ?, n = ? WHERE id = ?`` (two cell-log records) on distinct ids, ``--new-fraction`` of them
-new. Measured, in one run:
+``UPDATE kv SET v = ?, n = ? WHERE id = ?`` (one mutation: two cell-log records) on distinct ids,
+``--new-fraction`` of them new. Measured, in one run:
 
 * **cdc merge**: the whole batch as the pipeline runs it (``sinks.delta.run_store_batch``): read the prior
   state of the touched partitions from Delta, reconcile, build events, append the outbox, MERGE the state.
@@ -119,8 +119,18 @@ def check_generator(table) -> None:
         assert g == w, (g, w)
 
 
+def _mutation_ids(ids: np.ndarray, ts: int) -> pa.Array:
+    """A distinct 16-byte mutation id per change (the key and the timestamp), as the cell log carries one."""
+    raw = np.empty((len(ids), 2), dtype=">i8")
+    raw[:, 0] = ids
+    raw[:, 1] = ts
+    offsets = np.arange(0, 16 * (len(ids) + 1), 16, dtype=np.int32)
+    return pa.Array.from_buffers(pa.binary(), len(ids), [None, pa.py_buffer(offsets), pa.py_buffer(raw.tobytes())])
+
+
 def change_records(table, ids: np.ndarray, ts: int, tag: str, nvals: np.ndarray) -> pa.Table:
-    """Cell-log records of ``UPDATE kv SET n = ?, v = ? WHERE id = ?`` for each id (one segment position each)."""
+    """Cell-log records of ``UPDATE kv SET n = ?, v = ? WHERE id = ?`` for each id: one mutation (one segment
+    position, one mutation id) of two records each."""
     n = len(ids)
     pk = _be64(ids)
     tokens = pa.array([murmur3_token(k) for k in pk.to_pylist()], pa.int64())
@@ -142,6 +152,7 @@ def change_records(table, ids: np.ndarray, ts: int, tag: str, nvals: np.ndarray)
         "path": pa.nulls(2 * n, pa.binary()), "value": values.take(pa.array(order)),
         "timestamp": pa.array(np.full(2 * n, ts, np.int64)), "ttl": pa.array(np.zeros(2 * n, np.int32)),
         "local_deletion_time": pa.array(np.full(2 * n, NO_DELETION_TIME, np.int64)),
+        "mutation_id": _mutation_ids(ids, ts).take(idx2),
     }
     return pa.Table.from_arrays([cols[f.name] if f.name in cols else pa.nulls(2 * n, f.type)
                                  for f in CELL_LOG_SCHEMA], schema=CELL_LOG_SCHEMA)

@@ -7,6 +7,12 @@ full list of tombstones. Values are typed with ``cdc_lib.cqltypes`` and clusteri
 
 ``visible_table(table, mutations, now)`` -> {(partition key bytes, clustering tuple | None): typed row}.
 Dropped columns and shadowable (materialized-view) deletions are outside this model.
+
+History (what change events must show): ``published_states(table, batches, nows)`` is the table after every
+step the pipeline publishes, in order. A mutation is an atomic unit here by construction: it is added whole to
+the list of mutations seen, and the table is recomputed from scratch by ``visible_table``; nothing in between
+exists. Mutations new in a batch are taken in write-time order (``write_time``: the highest timestamp the
+mutation carries for the table), ties by mutation id; between batches, the table at each TTL expiry time.
 """
 from __future__ import annotations
 
@@ -204,3 +210,73 @@ def json_table(table, rows: dict) -> dict:
         key = {c.name: row[c.name] for c in table.partition_key + table.clustering}
         out[json.dumps(to_json_key(table, key), separators=(",", ":"), ensure_ascii=False)] = to_json_row(table, row)
     return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# History: the table after each mutation, as consumers must see it change
+
+def write_time(table, mutation) -> int:
+    """The highest timestamp ``mutation`` carries for ``table``: cells, liveness and every kind of deletion."""
+    times = []
+    for u in mutation.updates:
+        if u.table_id != table.id:
+            continue
+        if u.partition_deletion is not None and not u.partition_deletion.is_live:
+            times.append(u.partition_deletion.marked_for_delete_at)
+        for x in u.unfiltereds + ([u.static_row] if u.static_row is not None else []):
+            if isinstance(x, RangeTombstoneMarker):
+                times += [d.marked_for_delete_at for d in (x.deletion, x.end_deletion, x.start_deletion)
+                          if d is not None]
+                continue
+            if x.liveness is not None:
+                times.append(x.liveness.timestamp)
+            if x.deletion is not None and not x.deletion.is_live:
+                times.append(x.deletion.marked_for_delete_at)
+            times += [d.marked_for_delete_at for d in x.complex_deletions.values()]
+            times += [c.timestamp for c in x.cells]
+    return max(times, default=_NEG)
+
+
+def _expiry_times(table, mutations, after: int, upto: int) -> list:
+    """Every expiry time (seconds) in ``(after, upto]`` of an expiring cell or row marker of ``table``."""
+    out = set()
+    for m in mutations:
+        for u in m.updates:
+            if u.table_id != table.id:
+                continue
+            for r in ([u.static_row] if u.static_row is not None else []) + [
+                    x for x in u.unfiltereds if not isinstance(x, RangeTombstoneMarker)]:
+                if r.liveness is not None and r.liveness.ttl:
+                    out.add(r.liveness.local_expiration_time)
+                out |= {c.local_deletion_time for c in r.cells if c.ttl and not c.is_tombstone}
+    return sorted(t for t in out if after < t <= upto)
+
+
+def published_states(table, batches, nows, end: int | None = None) -> list:
+    """The table (``json_table`` form) before any event and after each step consumers see, in order.
+
+    ``batches``: lists of mutations as the pipeline receives them (replica copies share a ``mutation_id``
+    and count once; a copy of a mutation seen in an earlier batch changes nothing); ``nows``: each batch's
+    processing time. Before batch ``i``: the table at every expiry time in ``(nows[i - 1], nows[i]]``; then the
+    batch's new mutations one at a time, each applied whole, in (write time, mutation id) order. ``end``: a
+    last expiry sweep up to that time.
+    """
+    seen: list = []
+    ids: set = set()
+    states = [{}]
+    prev = None
+    for batch, now in list(zip(batches, nows)) + ([([], end)] if end is not None else []):
+        if prev is not None:
+            for t in _expiry_times(table, seen, prev, now):
+                states.append(json_table(table, visible_table(table, seen, t)))
+        new = []
+        for m in batch:
+            assert m.mutation_id is not None, "published_states needs mutation ids (replica copies share one)"
+            if m.mutation_id not in ids:
+                ids.add(m.mutation_id)
+                new.append(m)
+        for m in sorted(new, key=lambda m: (write_time(table, m), m.mutation_id)):
+            seen.append(m)
+            states.append(json_table(table, visible_table(table, seen, now)))
+        prev = now
+    return states

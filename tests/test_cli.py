@@ -83,7 +83,8 @@ def test_inspect_with_schema_file_every_kind(tmp_path):
     coll = [c for rr in rows for c in rr["cells"] if c["column"] == "items" and not c["deleted"]]
     assert coll and all(isinstance(c["path"], str) and isinstance(c["value"], int) for c in coll)
     pv = [r for r in recs if r["table"] == "page_views" and r["kind"] == "row"]
-    assert pv and all(isinstance(c["value"], int) for r in pv for c in r["cells"])
+    counters = [c for r in pv for c in r["cells"] if not c["deleted"]]      # (counter batches delete some)
+    assert counters and all(isinstance(c["value"], int) for c in counters)
     text = run("inspect", "--schema", schema_file, "--format", "text", *cw.segments["node1"], check_exit=0).stdout
     assert "shop.orders" in text and "DELETED" in text or "deleted at" in text
 

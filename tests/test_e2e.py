@@ -11,7 +11,8 @@ import json
 import uuid
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
-from reference_model import json_table
+from event_invariant import check_events
+from reference_model import json_table, published_states
 from reference_model import visible_table as model_table
 
 from cdc_lib import pipeline as P
@@ -90,5 +91,8 @@ def test_segments_to_kafka_through_the_real_dag(tmp_path, s3_server, s3_bucket, 
             else:
                 replayed[key] = event["after"]
         assert replayed == json_table(t, model_table(t, cw.mutations, now)), t.name
+        # one batch saw every mutation: the topic is the table's whole history, mutation after mutation
+        check_events([(key, event) for _, key, event in records], published_states(t, [cw.mutations], [now]),
+                     complete=True)
         total += len(records)
     assert total == metrics["publish.events"]

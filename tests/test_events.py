@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import copy
+import json
 import uuid
 
 import pytest
+from event_invariant import check_events
 
 from cdc_lib.celllog.schema import encode_clustering
 from cdc_lib.commitlog.model import NO_DELETION_TIME
@@ -27,6 +29,7 @@ def make_table(desc=False, counter=False):
         cols["v"] = ColumnMetadata("v", INT, REGULAR)
         cols["s"] = ColumnMetadata("s", T("set<int>"), REGULAR)
         cols["st"] = ColumnMetadata("st", INT, STATIC)
+        cols["ss"] = ColumnMetadata("ss", T("set<int>"), STATIC)
     return TableMetadata("ks", "tbl", uuid.UUID(int=7), [cols["pk"]], [cols["ck"]], cols,
                          flags=frozenset({"compound", "counter"} if counter else {"compound"}))
 
@@ -49,8 +52,33 @@ def insert(ts, c, v, **kw):
     return [rec("row_liveness", ts, c, **kw), rec("cell", ts, c, "v", INT.encode(v), **kw)]
 
 
-def full(c, v=None, s=None, st=None, pk=1):
-    return {"pk": pk, "ck": c, "v": v, "s": s, "st": st}
+_mutations = [0]
+
+
+def mutation(*parts, mid=None):
+    """Records (or lists of records) of one commit-log entry: they all get one mutation id, as the cell log
+    gives them. Replica copies are the same records with another segment and position."""
+    _mutations[0] += 1
+    mid = mid if mid is not None else _mutations[0].to_bytes(16, "big")
+    out = []
+    for p in parts:
+        out += p if isinstance(p, list) else [p]
+    return [dict(r, mutation_id=mid) for r in out]
+
+
+def elements(ts, c, *values, column="s", is_static=False):
+    """Cells of set elements (``SET s = s + {...}``)."""
+    return [rec("cell", ts, c, column, b"", path=INT.encode(v), is_static=is_static) for v in values]
+
+
+def overwrite(ts, c, *values, column="s", is_static=False):
+    """``SET s = {...}`` as Cassandra writes it: the old set deleted at ts - 1, the new elements at ts."""
+    return [rec("complex_deletion", ts - 1, c, column, ldt=NOW, is_static=is_static)] + \
+        elements(ts, c, *values, column=column, is_static=is_static)
+
+
+def full(c, v=None, s=None, st=None, pk=1, ss=None):
+    return {"pk": pk, "ck": c, "v": v, "s": s, "st": st, "ss": ss}
 
 
 def check_chain(events):
@@ -79,8 +107,9 @@ def test_insert_update_delete():
     assert d["op"] == "d" and d["before"] == full(1, 6) and d["after"] is None
 
 
-def test_several_writes_in_one_batch_give_one_event_each_in_timestamp_order():
-    recs = insert(10, 1, 1) + [rec("cell", 12, 1, "v", INT.encode(3)), rec("cell", 11, 1, "v", INT.encode(2))]
+def test_several_mutations_in_one_batch_give_one_event_each_in_write_time_order():
+    recs = mutation(insert(10, 1, 1)) + mutation(rec("cell", 12, 1, "v", INT.encode(3))) + \
+        mutation(rec("cell", 11, 1, "v", INT.encode(2)))
     events = apply_batch(TABLE, {}, list(reversed(recs)), NOW)
     assert [(e["op"], e["after"]["v"], e["source"]["ts_us"]) for e in events] == [("c", 1, 10), ("u", 2, 11),
                                                                                   ("u", 3, 12)]
@@ -89,7 +118,7 @@ def test_several_writes_in_one_batch_give_one_event_each_in_timestamp_order():
 
 def test_replica_copies_and_same_value_overwrites_emit_nothing():
     states = {}
-    recs = insert(10, 1, 5)
+    recs = mutation(insert(10, 1, 5))
     events = apply_batch(TABLE, states, recs + [dict(r, segment="CommitLog-7-2.log") for r in recs], NOW)
     assert len(events) == 1
     assert apply_batch(TABLE, states, recs, NOW) == []
@@ -98,7 +127,7 @@ def test_replica_copies_and_same_value_overwrites_emit_nothing():
 
 def test_late_write_updates_from_what_consumers_last_saw():
     states = {}
-    apply_batch(TABLE, states, insert(10, 1, 5) + [rec("cell", 30, 1, "v", INT.encode(9))], NOW)
+    apply_batch(TABLE, states, mutation(insert(10, 1, 5)) + mutation(rec("cell", 30, 1, "v", INT.encode(9))), NOW)
     # an older write to another column arrives late: visible change, before = last seen
     [u] = apply_batch(TABLE, states, [rec("cell", 20, 1, "s", b"", path=INT.encode(4))], NOW)
     assert u["op"] == "u" and u["before"] == full(1, 9) and u["after"] == full(1, 9, s=(4,))
@@ -171,7 +200,8 @@ def test_counter_events_carry_totals():
 
 
 def test_event_ids_are_deterministic_and_distinct():
-    recs = insert(10, 1, 5) + [rec("cell", 11, 1, "v", INT.encode(6)), rec("row_deletion", 12, 1, ldt=NOW)]
+    recs = mutation(insert(10, 1, 5)) + mutation(rec("cell", 11, 1, "v", INT.encode(6))) + \
+        mutation(rec("row_deletion", 12, 1, ldt=NOW))
     a = apply_batch(TABLE, {}, copy.deepcopy(recs), NOW)
     b = apply_batch(TABLE, {}, list(reversed(copy.deepcopy(recs))), NOW + 5, ts_ms=123)
     assert [e["id"] for e in a] == [e["id"] for e in b]
@@ -260,3 +290,195 @@ def test_event_id_does_not_depend_on_the_order_the_state_was_built_in():
     ea = apply_batch(table, a, [rec("cell", 13, 1, "v", INT.encode(5))], NOW)
     eb = apply_batch(table, b, [final, rec("cell", 13, 1, "v", INT.encode(5))], NOW)
     assert len(ea) == len(eb) == 1 and ea[0]["id"] == eb[0]["id"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# One event per row per mutation: Cassandra applies a mutation to its partition atomically, so no event may show
+# a state in the middle of one (event_invariant.check_events states the rule for whole streams).
+
+def test_collection_overwrite_of_a_row_visible_only_through_it_is_one_update():
+    """UPDATE SET s = {1, 2}, then UPDATE SET s = {3}: the row never disappeared: one 'u', no 'd' then 'c'."""
+    states = {}
+    [c] = apply_batch(TABLE, states, mutation(overwrite(10, 1, 1, 2)), NOW)
+    assert c["op"] == "c" and c["after"] == full(1, s=(1, 2)) and c["source"]["ts_us"] == 10
+    [u] = apply_batch(TABLE, states, mutation(overwrite(20, 1, 3)), NOW)
+    assert (u["op"], u["before"], u["after"], u["changed"]) == ("u", full(1, s=(1, 2)), full(1, s=(3,)), ["s"])
+    assert u["source"]["ts_us"] == 20          # the mutation's write time, not the deletion's ts - 1
+    # the same two writes in one batch: still one event each
+    events = apply_batch(TABLE, {}, mutation(overwrite(20, 1, 3)) + mutation(overwrite(10, 1, 1, 2)), NOW)
+    assert [(e["op"], e["after"]) for e in events] == [("c", full(1, s=(1, 2))), ("u", full(1, s=(3,)))]
+    check_chain(events)
+
+
+def test_insert_with_a_collection_over_an_existing_row_is_one_update():
+    """INSERT (pk, ck, v, s) over a live row: row marker, v and the set overwrite in one mutation."""
+    states = {}
+    apply_batch(TABLE, states, mutation(insert(10, 1, 5), overwrite(10, 1, 1)), NOW)
+    [u] = apply_batch(TABLE, states, mutation(insert(20, 1, 6), overwrite(20, 1, 7)), NOW)
+    assert (u["op"], u["before"], u["after"]) == ("u", full(1, 5, s=(1,)), full(1, 6, s=(7,)))
+    assert sorted(u["changed"]) == ["s", "v"]
+    # INSERT ... s = {} (or null): the collection goes, the row stays
+    [u] = apply_batch(TABLE, states, mutation(insert(30, 1, 6), overwrite(30, 1)), NOW)
+    assert (u["before"], u["after"]) == (full(1, 6, s=(7,)), full(1, 6))
+
+
+def test_static_collection_overwrite_updates_every_row_once():
+    states = {}
+    apply_batch(TABLE, states, mutation(insert(10, 1, 1), insert(10, 2, 2),
+                                        overwrite(10, None, 1, column="ss", is_static=True)), NOW)
+    events = apply_batch(TABLE, states, mutation(overwrite(20, None, 5, column="ss", is_static=True)), NOW)
+    assert [(e["op"], e["key"]["ck"], e["before"]["ss"], e["after"]["ss"]) for e in events] == \
+        [("u", 1, (1,), (5,)), ("u", 2, (1,), (5,))]
+    # a partition with only static data: its static-only row is updated, not deleted and created
+    states = {}
+    apply_batch(TABLE, states, mutation(overwrite(10, None, 1, column="ss", is_static=True)), NOW)
+    [u] = apply_batch(TABLE, states, mutation(overwrite(20, None, 2, column="ss", is_static=True)), NOW)
+    assert (u["op"], u["key"], u["after"]) == ("u", {"pk": 1, "ck": None}, full(None, ss=(2,)))
+
+
+def test_range_deletion_and_insert_in_one_batch_is_one_change_per_row():
+    """BEGIN BATCH DELETE ... WHERE ck >= 1 AND ck <= 3 USING TIMESTAMP 20; INSERT ... (ck 2) USING
+    TIMESTAMP 21: row 2 is rewritten, never gone."""
+    states = {}
+    apply_batch(TABLE, states, mutation([r for i in (1, 2, 3) for r in insert(10, i, i)]), NOW)
+    rt = rec("range_tombstone", 20, 1, end=encode_clustering([INT.encode(3)]), si=True, ei=True, ldt=NOW)
+    events = apply_batch(TABLE, states, mutation(rt, insert(21, 2, 9)), NOW)
+    assert [(e["op"], e["key"]["ck"]) for e in events] == [("d", 1), ("u", 2), ("d", 3)]
+    assert events[1]["before"] == full(2, 2) and events[1]["after"] == full(2, 9)
+    assert {e["source"]["ts_us"] for e in events} == {21}
+
+
+def test_partition_deletion_and_insert_in_one_batch():
+    states = {}
+    apply_batch(TABLE, states, mutation(insert(10, 1, 1), insert(10, 2, 2),
+                                        rec("cell", 10, None, "st", INT.encode(7), is_static=True)), NOW)
+    # DELETE FROM t WHERE pk = 1 USING TIMESTAMP 20; INSERT ... (ck 1) USING TIMESTAMP 21
+    events = apply_batch(TABLE, states, mutation(rec("partition_deletion", 20, ldt=NOW), insert(21, 1, 9)), NOW)
+    assert [(e["op"], e["key"]["ck"], e["after"]) for e in events] == [("u", 1, full(1, 9)), ("d", 2, None)]
+    # without USING TIMESTAMP both carry the batch's timestamp and the deletion wins the tie: deletes only
+    events = apply_batch(TABLE, states, mutation(rec("partition_deletion", 30, ldt=NOW), insert(30, 2, 5)), NOW)
+    assert [(e["op"], e["key"]["ck"]) for e in events] == [("d", 1)]
+
+
+def test_counter_delete_and_increment_in_one_batch():
+    table = make_table(counter=True)
+    ctx = lambda clock, count: cqltypes.encode_counter_context([(uuid.UUID(int=1), clock, count, "global")])
+    states = {}
+    apply_batch(table, states, mutation(rec("cell", 10, 1, "n", ctx(1, 5))) +
+                mutation(rec("cell", 10, 2, "n", ctx(1, 3))), NOW)
+    # BEGIN COUNTER BATCH: DELETE n (ck 1); UPDATE n = n + 1 (ck 1 and ck 2); all at the batch's timestamp
+    batch = mutation(rec("cell_tombstone", 20, 1, "n", ldt=NOW), rec("cell", 20, 1, "n", ctx(2, 6)),
+                     rec("cell", 20, 2, "n", ctx(2, 4)))
+    events = apply_batch(table, states, batch, NOW)
+    assert [(e["op"], e["key"]["ck"], e["after"] and e["after"]["n"]) for e in events] == [("d", 1, None), ("u", 2, 4)]
+
+
+def test_equal_write_times_are_ordered_by_mutation_id_whatever_the_arrival():
+    a = mutation(insert(10, 1, 1), mid=b"\x01" * 16)
+    b = mutation(overwrite(10, 1, 2), mid=b"\x02" * 16)
+    one = apply_batch(TABLE, {}, b + a, NOW)
+    two = apply_batch(TABLE, {}, a + b, NOW)
+    assert [(e["op"], e["after"]) for e in one] == [("c", full(1, 1)), ("u", full(1, 1, s=(2,)))]
+    assert [e["id"] for e in one] == [e["id"] for e in two]
+
+
+def test_replica_copies_name_the_same_source_whatever_the_order():
+    m = mutation(overwrite(10, 1, 1))
+    copies = [dict(r, segment="CommitLog-7-2.log", segment_id=2, position=500) for r in m] + \
+        [dict(r, segment="CommitLog-7-3.log", segment_id=3, position=40) for r in m]
+    for recs in (m + copies, copies + m, list(reversed(copies + m))):
+        [c] = apply_batch(TABLE, {}, recs, NOW)
+        assert (c["source"]["segment"], c["source"]["position"]) == ("CommitLog-7-1.log", m[0]["position"])
+
+
+def test_a_late_mutation_between_published_ones_updates_from_what_consumers_saw():
+    """A mutation whose replicas' segments came late: its write time (20) lies between two published
+    changes (10, 30). History is not rewritten: one update from the last image to the current row."""
+    states = {}
+    first = apply_batch(TABLE, states, mutation(insert(10, 1, 1)) + mutation(rec("cell", 30, 1, "v", INT.encode(3))),
+                        NOW)
+    late = mutation(overwrite(20, 1, 4), rec("cell", 20, 1, "v", INT.encode(2)))
+    [u] = apply_batch(TABLE, states, late, NOW)
+    assert (u["op"], u["before"], u["after"], u["source"]["ts_us"]) == ("u", full(1, 3), full(1, 3, s=(4,)), 20)
+    check_chain(first + [u])
+    # another replica's copy of it, later still: nothing
+    assert apply_batch(TABLE, states, [dict(r, segment="CommitLog-7-9.log") for r in late], NOW) == []
+
+
+def test_records_without_a_mutation_id_are_one_change():
+    """Records not read from a commit-log entry (an SSTable or a scan) carry no history: one change."""
+    states = {}
+    apply_batch(TABLE, states, mutation(insert(10, 1, 1), overwrite(10, 1, 1)), NOW)
+    [u] = apply_batch(TABLE, states, overwrite(20, 1, 2) + [rec("cell", 25, 1, "v", INT.encode(5))], NOW)
+    assert (u["op"], u["before"], u["after"], u["source"]["ts_us"]) == ("u", full(1, 1, s=(1,)), full(1, 5, s=(2,)),
+                                                                        25)
+
+
+def test_an_overwrite_read_from_replica_segments_is_one_update(tmp_path):
+    """The mutation id comes from the segment bytes: three replicas' copies of UPDATE SET s = {...} are one
+    change, through the real reader, the cell log and the batch."""
+    from cdc_lib.celllog.reader import read_cell_log
+    from cdc_lib.commitlog.model import Cell, DeletionTime, LivenessInfo, Mutation, PartitionUpdate, Row
+    from cdc_lib.commitlog.mutation import encode_mutation, finish_update
+    from cdc_lib.commitlog.writer import SegmentWriter
+    from cdc_lib.cql.schema import Schema
+    from cdc_lib.state.batch import process_table
+    schema = Schema()
+    schema.add(TABLE)
+    ck = (INT.encode(1),)
+
+    def entry(ts, values, insert=False):
+        cells = [Cell("s", b"", ts, path=INT.encode(v)) for v in values]
+        row = Row(ck, LivenessInfo(ts) if insert else None, cells=cells,
+                  complex_deletions={"s": DeletionTime(ts - 1, NOW)})
+        return encode_mutation(Mutation([finish_update(PartitionUpdate(TABLE.id, PK, TABLE, unfiltereds=[row]))]),
+                               schema)
+    paths = []
+    for node in range(3):
+        (tmp_path / f"node{node}").mkdir()
+        w = SegmentWriter(str(tmp_path / f"node{node}"), 1_000 + node, version=7, segment_size=64 * 1024)
+        for data in (entry(10, [1, 2], insert=True), entry(20, [3])):
+            w.add(data)
+        w.close()
+        paths.append(w.path)
+    recs = [r for b in read_cell_log(paths, schema, on_damage=pytest.fail) for r in b.to_pylist()]
+    assert len({r["mutation_id"] for r in recs}) == 2 and len(recs) == 3 * 6
+    [result] = process_table(TABLE, recs, {}, NOW)
+    assert [(e["op"], e["after"]["s"]) for e in result.events] == [("c", (1, 2)), ("u", (3,))]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The invariant checker itself (tests/event_invariant.py): it must reject what the bug produced.
+
+def _json_states(*tables):
+    return [{json.dumps({"pk": 1, "ck": ck}, separators=(",", ":")): row for ck, row in t.items()} for t in tables]
+
+
+def _ev(op, before, after, ck=1):
+    return json.dumps({"pk": 1, "ck": ck}, separators=(",", ":")), {"op": op, "before": before, "after": after}
+
+
+def test_invariant_accepts_a_history_and_a_subsequence_of_it():
+    a, b, c = {"pk": 1, "ck": 1, "s": [1, 2]}, {"pk": 1, "ck": 1, "s": [3]}, {"pk": 1, "ck": 1, "s": [3, 4]}
+    states = _json_states({}, {1: a}, {1: b}, {1: c})
+    check_events([_ev("c", None, a), _ev("u", a, b), _ev("u", b, c)], states, complete=True)
+    check_events([_ev("c", None, a), _ev("u", a, c)], states)          # a state skipped: allowed, not complete
+    with pytest.raises(AssertionError, match="skipped"):
+        check_events([_ev("c", None, a), _ev("u", a, c)], states, complete=True)
+
+
+def test_invariant_rejects_what_per_timestamp_events_published():
+    a, b = {"pk": 1, "ck": 1, "s": [1, 2]}, {"pk": 1, "ck": 1, "s": [3]}
+    states = _json_states({}, {1: a}, {1: b})
+    with pytest.raises(AssertionError, match="not a state the row had"):      # the row never disappeared
+        check_events([_ev("c", None, a), _ev("d", a, None), _ev("c", None, b)], states)
+    emptied = {"pk": 1, "ck": 1, "s": None, "v": 6}
+    with_v = _json_states({1: dict(a, v=5)}, {1: dict(b, v=6)})
+    with pytest.raises(AssertionError, match="not a state the row had"):      # the ts - 1 deletion's image
+        check_events([_ev("u", dict(a, v=5), emptied), _ev("u", emptied, dict(b, v=6))], with_v)
+    with pytest.raises(AssertionError, match="previous event's after"):
+        check_events([_ev("c", None, a), _ev("u", b, a)], states)
+    with pytest.raises(AssertionError, match="op should be"):
+        check_events([_ev("u", None, a)], states)
+    with pytest.raises(AssertionError, match="not published"):
+        check_events([_ev("c", None, a)], states, complete=True)

@@ -13,7 +13,7 @@ from cdc_lib.celllog.fast import FastCellLog
 from cdc_lib.celllog.records import mutation_records, records_to_batch
 from cdc_lib.commitlog.model import DeletionTime, Mutation
 from cdc_lib.commitlog.mutation import decode_mutation, encode_mutation
-from cdc_lib.commitlog.reader import read_mutations
+from cdc_lib.commitlog.reader import decode_entry, read_mutations
 from cdc_lib.commitlog.segment import Damage, SegmentReader
 from cdc_lib.cql import types as cqltypes
 from cdc_lib.cql.schema import CLUSTERING, PARTITION_KEY, REGULAR, STATIC, ColumnMetadata, Schema, TableMetadata
@@ -74,10 +74,11 @@ def test_every_real_entry_reencodes_byte_for_byte(corpus, d):
 
 
 def _fast_vs_reference(entries, schema_for):
+    """The fast path and the reference path (``decode_entry`` + ``mutation_records``) agree on every column."""
     recs, ei = [], 0
     fast, fei = FastCellLog(), 0
-    for e, m in entries:
-        m.segment, m.segment_id, m.position = e.segment, e.segment_id, e.position
+    for e, _ in entries:
+        m = decode_entry(e, schema_for(e))
         recs += mutation_records(m, ei)
         ei += len(m.updates)
         fei += fast.add_entry(e.data, schema_for(e), e.messaging_version, e.segment, e.segment_id, e.position, fei)
@@ -136,6 +137,26 @@ def test_generated_workload_round_trip_and_fast_path(tmp_path, version):
     assert kinds == {"cell", "cell_tombstone", "row_liveness", "row_deletion", "complex_deletion",
                      "partition_deletion", "range_tombstone"}
     _fast_vs_reference(pairs, lambda e: schema)
+
+
+def test_mutation_id_is_shared_by_replica_copies_and_distinct_per_mutation(tmp_path):
+    """Every replica logs the same bytes for a mutation, so every copy's records carry one id, on both paths."""
+    from cdc_lib.celllog.reader import read_cell_log
+    schema = sample_schema()
+    cw = write_cluster_segments(tmp_path, schema, 150, seed=3)          # 3 nodes, RF 3
+    nodes_by_id: dict = {}
+    for node, paths in cw.segments.items():
+        for path in paths:
+            for e in SegmentReader(path):
+                m = decode_entry(e, schema)
+                assert {r["mutation_id"] for r in mutation_records(m)} == {m.mutation_id}
+                nodes_by_id.setdefault(m.mutation_id, set()).add(node)
+    assert set(nodes_by_id) == {m.mutation_id for m in cw.mutations}   # the generator's ids are the bytes' ids
+    assert len(nodes_by_id) == len(cw.mutations)
+    assert all(nodes == set(cw.segments) for nodes in nodes_by_id.values())
+    fast_ids = {r["mutation_id"] for b in read_cell_log([p for ps in cw.segments.values() for p in ps], schema,
+                                                        on_damage=pytest.fail) for r in b.to_pylist()}
+    assert fast_ids == set(nodes_by_id) and all(len(i) == 16 for i in fast_ids)
 
 
 def test_messaging_13_unsigned_local_deletion_times():

@@ -1,25 +1,30 @@
 """Property tests: the state engine and its events against the naive reference model.
 
-Random small schemas and random mutation streams of every kind are written to three replicas, shuffled,
-split into batches at arbitrary points and fed batch by batch (with the expiry sweep between batches, and
-``now`` moving forward) through ``state.events.process``. After every batch the engine's visible table must equal
-the model's, and the events must tell a consistent history.
+Random small schemas and random mutation streams of every kind (collection overwrites as Cassandra writes
+them, INSERTs over existing rows, static overwrites, batches of several statements on one partition with one
+timestamp or several) are written to three replicas, shuffled, split into batches at arbitrary points and fed
+batch by batch (with the expiry sweep between batches, and ``now`` moving forward) through
+``state.events.process``. After every batch the engine's visible table must equal the model's; the events must
+replay to it, and show exactly the model's history, mutation after mutation (``event_invariant.check_events``).
 """
 from __future__ import annotations
 
 import random
 import uuid
 
+from event_invariant import check_events, engine_events
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reference_model import visible_table
+from reference_model import published_states, visible_table
 
 from cdc_lib.celllog.records import mutation_records
 from cdc_lib.celllog.schema import decode_clustering
 from cdc_lib.commitlog.model import (NO_DELETION_TIME, BoundKind, Cell, DeletionTime, LivenessInfo, Mutation,
-                                     PartitionUpdate, RangeTombstoneMarker, Row)
+                                     PartitionUpdate, RangeTombstoneMarker, Row, mutation_id)
+from cdc_lib.commitlog.mutation import encode_mutation, finish_update
 from cdc_lib.cql import types as cqltypes
 from cdc_lib.cql.schema import CLUSTERING, PARTITION_KEY, REGULAR, STATIC, ColumnMetadata, TableMetadata
+from cdc_lib.demo.workload import merge_statements
 from cdc_lib.state.events import expiry_sweep, process
 from cdc_lib.state.reconcile import (PartitionState, apply_records, merge_partitions, partition_from_records,
                                      partition_to_records, visible_rows)
@@ -85,12 +90,13 @@ def make_table(rng: random.Random, counter: bool = False) -> TableMetadata:
             cols[n] = ColumnMetadata(n, T(ty), REGULAR)
         if clustering:
             cols["st"] = ColumnMetadata("st", T("int"), STATIC)
+            cols["ss"] = ColumnMetadata("ss", T("set<int>"), STATIC)
         flags = frozenset({"compound"})
     return TableMetadata("ks", "t", uuid.UUID(int=rng.getrandbits(128)), [pk], clustering, cols, flags=flags)
 
 
 class Gen:
-    """Random mutations for one table."""
+    """Random CQL writes on one table, as the mutations Cassandra logs for them."""
 
     def __init__(self, rng: random.Random, table: TableMetadata, shadowable: bool = False):
         self.rng = rng
@@ -111,7 +117,54 @@ class Gen:
     def ck(self) -> tuple:
         return tuple(_sample_value(self.rng, c.type) for c in self.table.clustering)
 
+    def mutation(self) -> Mutation:
+        """One statement, or (one time in five) a batch of 2-4 statements on one partition, which Cassandra
+        logs as one mutation whether the batch is logged or not: every statement at the batch's timestamp, or
+        each with its own USING TIMESTAMP (counter batches cannot). The id is that of its serialized bytes."""
+        rng = self.rng
+        t = self.table
+        pk = t.columns["pk"].type.encode(rng.choice([1, 2]))
+        if rng.random() < 0.2:
+            shared = self.ts() if t.is_counter or rng.random() < 0.5 else None
+            parts = []
+            for _ in range(rng.randint(2, 4)):
+                ranged = any(p.markers for p in parts)
+                parts.append(self.statement(pk, shared if shared is not None else self.ts(), ranges=not ranged))
+            update = merge_statements(t, pk, parts)
+        else:
+            update = self.statement(pk, self.ts())
+        m = Mutation([finish_update(update)])
+        m.mutation_id = mutation_id(encode_mutation(m, None))
+        return m
+
+    def statement(self, pk: bytes, ts: int, ranges: bool = True) -> PartitionUpdate:
+        rng = self.rng
+        t = self.table
+        u = PartitionUpdate(t.id, pk, t)
+        choice = rng.random()
+        has_ck = bool(t.clustering)
+        if choice < 0.08:
+            u.partition_deletion = DeletionTime(ts, self.ldt())
+        elif choice < 0.18 and has_ck and ranges:
+            u.unfiltereds = self.range_markers(ts)
+        elif choice < 0.27:
+            u.unfiltereds = [Row(self.ck(), deletion=DeletionTime(ts, self.ldt()),
+                                 shadowable=self.shadowable and rng.random() < 0.5)]
+        elif choice < 0.37 and "st" in t.columns:
+            cells, cdel = self.cells(ts, True, False)
+            lv = LivenessInfo(ts, *self.ttl_ldt()) if rng.random() < 0.3 else None
+            u.static_row = Row((), liveness=lv, cells=cells, complex_deletions=cdel, is_static=True)
+        else:
+            insert = rng.random() < 0.5 and not t.is_counter
+            cells, cdel = self.cells(ts, False, insert)
+            lv = LivenessInfo(ts, *self.ttl_ldt()) if insert else None
+            if lv is None and not cells and not cdel:
+                lv = LivenessInfo(ts)
+            u.unfiltereds = [Row(self.ck(), liveness=lv, cells=cells, complex_deletions=cdel)]
+        return u
+
     def cells(self, ts: int, static: bool, insert: bool) -> tuple:
+        """(cells, complex deletions) of an INSERT or UPDATE of some columns of a row (or the static row)."""
         rng = self.rng
         cells, cdel = [], {}
         cols = [c for c in self.table.columns.values() if c.kind == (STATIC if static else REGULAR)]
@@ -130,10 +183,17 @@ class Gen:
                     shards.append((cid, ts, rng.randint(-5, 9), "global"))
                 cells.append(Cell(col.name, cqltypes.encode_counter_context(shards), ts))
             elif col.type.multicell:
-                if insert or rng.random() < 0.2:
-                    cdel[col.name] = DeletionTime(ts - 1 if rng.random() < 0.7 else ts, self.ldt())
+                # INSERT and SET c = {...}: the old collection deleted at ts - 1, the new elements at ts;
+                # SET c = c + {...}: elements only; SET c = c - {...} / DELETE c[k]: element tombstones;
+                # DELETE c: a collection deletion at ts
+                action = "overwrite" if insert else rng.choice(["overwrite", "overwrite", "add", "remove", "delete"])
+                if action == "overwrite":
+                    cdel[col.name] = DeletionTime(ts - 1, self.ldt())
+                elif action == "delete":
+                    cdel[col.name] = DeletionTime(ts, self.ldt())
+                    continue
                 et = col.type.subtypes[0]
-                for _ in range(rng.randint(0, 2)):
+                for _ in range(rng.randint(0 if action == "overwrite" else 1, 2)):
                     if k == "list":
                         path = rng.choice(TIMEUUIDS).bytes
                         value = _sample_value(rng, et)
@@ -141,7 +201,7 @@ class Gen:
                         path, value = _sample_value(rng, et), b""
                     else:
                         path, value = _sample_value(rng, et), _sample_value(rng, col.type.subtypes[1])
-                    if rng.random() < 0.2:
+                    if action == "remove":
                         cells.append(Cell(col.name, b"", ts, 0, self.ldt(), path, True))
                     else:
                         cells.append(Cell(col.name, value, ts, ttl, ldt, path))
@@ -151,35 +211,7 @@ class Gen:
                     cells.append(Cell(col.name, b"", ts, 0, self.ldt(), None, True))
                 else:
                     cells.append(Cell(col.name, _sample_value(rng, col.type), ts, ttl, ldt))
-        return cells, cdel
-
-    def update(self) -> PartitionUpdate:
-        rng = self.rng
-        t = self.table
-        pk = t.columns["pk"].type.encode(rng.choice([1, 2]))
-        u = PartitionUpdate(t.id, pk, t)
-        ts = self.ts()
-        choice = rng.random()
-        has_ck = bool(t.clustering)
-        if choice < 0.08:
-            u.partition_deletion = DeletionTime(ts, self.ldt())
-        elif choice < 0.18 and has_ck:
-            u.unfiltereds = self.range_markers(ts)
-        elif choice < 0.27:
-            u.unfiltereds = [Row(self.ck(), deletion=DeletionTime(ts, self.ldt()),
-                                 shadowable=self.shadowable and rng.random() < 0.5)]
-        elif choice < 0.37 and "st" in t.columns:
-            cells, cdel = self.cells(ts, True, False)
-            lv = LivenessInfo(ts, *self.ttl_ldt()) if rng.random() < 0.3 else None
-            u.static_row = Row((), liveness=lv, cells=cells, complex_deletions=cdel, is_static=True)
-        else:
-            insert = rng.random() < 0.5 and not t.is_counter
-            cells, cdel = self.cells(ts, False, insert)
-            lv = LivenessInfo(ts, *self.ttl_ldt()) if insert else None
-            if lv is None and not cells and not cdel:
-                lv = LivenessInfo(ts)
-            u.unfiltereds = [Row(self.ck(), liveness=lv, cells=cells, complex_deletions=cdel)]
-        return u
+        return _one_cell_per_path(cells), cdel
 
     def range_markers(self, ts: int) -> list:
         rng = self.rng
@@ -191,8 +223,8 @@ class Gen:
         if n and _cmp_prefix(t, a, b) > 0:
             a, b = b, a
         si, ei = rng.random() < 0.7, rng.random() < 0.7
-        if n and _cmp_prefix(t, a, b) == 0:
-            si = ei = True
+        if not n or _cmp_prefix(t, a, b) == 0:
+            si = ei = True          # an empty bound is the partition's start or end: always inclusive
         if rng.random() < 0.2:
             a = ()
             si = True
@@ -201,6 +233,11 @@ class Gen:
             ei = True
         return [RangeTombstoneMarker(BoundKind.INCL_START_BOUND if si else BoundKind.EXCL_START_BOUND, a, d),
                 RangeTombstoneMarker(BoundKind.INCL_END_BOUND if ei else BoundKind.EXCL_END_BOUND, b, d)]
+
+
+def _one_cell_per_path(cells: list) -> list:
+    """A row holds one cell per column and path: a statement naming an element twice writes it once."""
+    return list({(c.column, c.path): c for c in cells}.values())
 
 
 def _cmp_prefix(t, a, b) -> int:
@@ -229,18 +266,20 @@ def run_scenario(seed: int, counter: bool, n_mutations: int | None = None):
     n_mutations = n_mutations or rng.randint(5, 40)
     table = make_table(rng, counter)
     gen = Gen(rng, table)
-    mutations = [Mutation([gen.update()]) for _ in range(n_mutations)]
+    mutations = [gen.mutation() for _ in range(n_mutations)]
     # three replicas: each writes every mutation to its own commit log
     copies = []
     for replica in range(3):
         for i, m in enumerate(mutations):
-            copies.append((m, Mutation(m.updates, f"CommitLog-7-{replica}.log", replica, 100 + i)))
+            copies.append((m, Mutation(m.updates, f"CommitLog-7-{replica}.log", replica, 100 + i,
+                                       mutation_id=m.mutation_id)))
     rng.shuffle(copies)
     cuts = sorted(rng.sample(range(1, len(copies)), rng.randint(1, 6)))
     batches = [copies[a:b] for a, b in zip([0] + cuts, cuts + [len(copies)])]
     states: dict = {}
     seen = []
     events = []
+    nows = []
     now, prev = 100, None
     for batch in batches:
         records = []
@@ -249,6 +288,7 @@ def run_scenario(seed: int, counter: bool, n_mutations: int | None = None):
             seen.append(orig)
         evs = process(table, states, records, now, prev)
         events += evs
+        nows.append(now)
         expected = visible_table(table, seen, now)
         got = engine_table(table, states, now)
         assert got == expected, f"seed {seed}: state differs after a batch at now={now}"
@@ -266,6 +306,9 @@ def run_scenario(seed: int, counter: bool, n_mutations: int | None = None):
         assert e["op"] == ("c" if e["before"] is None else "d" if e["after"] is None else "u")
     replayed = {k: v for k, v in last.items() if v is not None}
     assert replayed == {_key_of(table, row): row for row in final.values()}
+    # every image is a state the table had, mutation after mutation, and no state is skipped
+    history = published_states(table, [[orig for orig, _ in b] for b in batches], nows, end=200)
+    check_events(engine_events(table, events), history, complete=True)
     return table, states, events
 
 
@@ -290,7 +333,9 @@ def test_join_is_order_free_and_idempotent(seed):
     gen = Gen(rng, table, shadowable=True)
     records = []
     for i in range(20):
-        records += mutation_records(Mutation([gen.update()], "s", 1, i), i)
+        m = gen.mutation()
+        m.segment, m.segment_id, m.position = "s", 1, i
+        records += mutation_records(m, i)
     a: dict = {}
     apply_records(table, a, records)
     shuffled = records * 2

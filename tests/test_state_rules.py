@@ -206,6 +206,28 @@ def test_complex_deletion_shadows_older_elements_and_collections_merge_per_eleme
     assert row(recs)["s"] == (2,)
 
 
+def test_collection_overwrite_keeps_exactly_the_new_elements_in_any_order():
+    """SET s = {3} at 20 is a complex deletion at 19 plus the element at 20: older elements go (an add at 19
+    too), the new one and a later add stay."""
+    def element(ts, x):
+        return rec("cell", ts, ck(1), "s", b"", path=INT.encode(x))
+    overwrite = [rec("complex_deletion", 19, ck(1), "s", ldt=3), element(20, 3)]
+    assert row([element(10, 1), element(10, 2)] + overwrite)["s"] == (3,)
+    assert row([element(19, 1), element(21, 4)] + overwrite)["s"] == (3, 4)
+
+
+def test_deletion_and_newer_insert_of_one_batch_leave_the_insert():
+    """DELETE (partition or range) USING TIMESTAMP 20 with INSERT USING TIMESTAMP 21 in one batch: the older
+    rows go, the inserted row stays; at the same timestamp the deletion wins."""
+    rt = rec("range_tombstone", 20, ck(1), end=ck(3), si=True, ei=True, ldt=5)
+    for deletion in (rt, rec("partition_deletion", 20, ldt=5)):
+        recs = [cell(10, c=1), cell(10, c=2), deletion, rec("row_liveness", 21, ck(2)),
+                cell(21, c=2, value=INT.encode(9))]
+        rows = visible_rows(TABLE, PK, state_of(recs), NOW)
+        assert [r["v"] for r in rows.values()] == [9] and list(rows) == [ck(2)]
+        assert visible_rows(TABLE, PK, state_of([cell(10, c=1), deletion, cell(20, c=2)]), NOW) == {}
+
+
 def test_shadowable_deletion_is_lifted_by_newer_liveness():
     d = rec("row_deletion_shadowable", 20, ck(1), ldt=5)
     assert row([cell(15), d]) is None

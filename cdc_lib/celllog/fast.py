@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from cdc_lib import wire
+from cdc_lib.commitlog.model import mutation_id
 from cdc_lib.cql.tokens import token as murmur3_token
 from cdc_lib.gcpause import gc_paused
 
@@ -73,7 +74,7 @@ class FastCellLog:
 
     def __init__(self):
         self.updates = []      # per partition update: (segment, segment_id, position, entry_index, table_id,
-                               #                        keyspace, table, partition_key, token)
+                               #                        keyspace, table, partition_key, token, mutation_id)
         self.rows = []         # flat: NFIELDS values per record: (update_index, clustering, clustering_end, start_incl,
                                #              end_incl, is_static, kind, column, path, value, ts, ttl, ldt)
         self._layouts = {}     # (id(schema), table id bytes) -> _TableLayout
@@ -114,7 +115,8 @@ class FastCellLog:
             if key not in index:
                 index[key] = len(self.updates)
                 self.updates.append((r["segment"], r["segment_id"], r["position"], r["entry_index"],
-                                     r["table_id"], r["keyspace"], r["table"], r["partition_key"], r["token"]))
+                                     r["table_id"], r["keyspace"], r["table"], r["partition_key"], r["token"],
+                                     r["mutation_id"]))
             self.rows.extend((index[key], r["clustering"], r["clustering_end"], r["start_inclusive"],
                               r["end_inclusive"], r["is_static"], r["kind"], r["column"], r["path"], r["value"],
                               r["timestamp"], r["ttl"], r["local_deletion_time"]))
@@ -133,9 +135,9 @@ class FastCellLog:
         idx = pa.array(idx_np)
         # records of one update are contiguous: seq = index - index of the update's first record
         seq = np.arange(len(idx_np), dtype=np.int32) - np.searchsorted(idx_np, idx_np).astype(np.int32)
-        upd_cols = list(zip(*ups)) if ups else [()] * 9
         names = ("segment", "segment_id", "position", "entry_index", "table_id", "keyspace", "table",
-                 "partition_key", "token")
+                 "partition_key", "token", "mutation_id")
+        upd_cols = list(zip(*ups)) if ups else [()] * len(names)
         arrays = {}
         for name, values in zip(names, upd_cols):
             typ = CELL_LOG_SCHEMA.field(name).type
@@ -158,6 +160,7 @@ def decode_into(log: FastCellLog, buf: bytes, schema, mv: int, segment: str, seg
                 entry_index: int) -> int:
     """The hot loop. Layout as in ``commitlog.mutation.py`` (format reference §9-§17)."""
     rows_append = log.rows.extend      # flat list: NFIELDS values per record
+    mid = mutation_id(buf)             # every record of the entry belongs to this mutation
     unsigned_ldt = mv >= 13
     end = len(buf)
     p = 0
@@ -188,7 +191,7 @@ def decode_into(log: FastCellLog, buf: bytes, schema, mv: int, segment: str, seg
         p += klen
         uidx = len(log.updates)
         log.updates.append((segment, segment_id, position, entry_index + u_i, lay.id_str, lay.keyspace,
-                            lay.name, key, murmur3_token(key)))
+                            lay.name, key, murmur3_token(key), mid))
         flags = buf[p]
         p += 1
         if flags & 0x01:

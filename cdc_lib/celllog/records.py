@@ -62,8 +62,10 @@ def row_record_fields(row) -> list:
     return out
 
 
-def update_records(update, segment: str, segment_id: int, position: int, entry_index: int) -> list:
-    """The cell-log records (dicts keyed like CELL_LOG_SCHEMA) of one partition update, in written order."""
+def update_records(update, segment: str, segment_id: int, position: int, entry_index: int,
+                   mutation_id: bytes | None = None) -> list:
+    """The cell-log records (dicts keyed like CELL_LOG_SCHEMA) of one partition update, in written order;
+    ``mutation_id`` is that of the mutation the update belongs to."""
     from cdc_lib.commitlog.model import NO_DELETION_TIME, NO_TIMESTAMP, RangeTombstoneMarker
     from cdc_lib.cql.tokens import token as murmur3_token
     table = update.table
@@ -71,6 +73,7 @@ def update_records(update, segment: str, segment_id: int, position: int, entry_i
         "segment": segment, "segment_id": segment_id, "position": position, "entry_index": entry_index,
         "table_id": str(update.table_id), "keyspace": table.keyspace, "table": table.name,
         "partition_key": update.partition_key, "token": murmur3_token(update.partition_key),
+        "mutation_id": mutation_id,
     }
     out = []
 
@@ -112,7 +115,7 @@ def mutation_records(mutation, entry_index: int = 0) -> list:
     out = []
     for i, u in enumerate(mutation.updates):
         out += update_records(u, mutation.segment or "", mutation.segment_id or 0, mutation.position or 0,
-                              entry_index + i)
+                              entry_index + i, mutation.mutation_id)
     return out
 
 

@@ -9,6 +9,7 @@ deletion times and TTLs are seconds. ``NO_TIMESTAMP`` and ``NO_DELETION_TIME`` a
 """
 from __future__ import annotations
 
+import hashlib
 import uuid
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -174,15 +175,34 @@ class PartitionUpdate:
         return [u for u in self.unfiltereds if isinstance(u, RangeTombstoneMarker)]
 
 
+MUTATION_ID_BYTES = 16
+
+
+def mutation_id(entry_bytes: bytes) -> bytes:
+    """What identifies one mutation wherever it was logged: BLAKE2b (16-byte digest) of its serialized bytes.
+
+    ``entry_bytes`` are the bytes a commit-log entry's mutation CRC covers (``LogEntry.data``). Every replica
+    serializes the same mutation to the same bytes (the coordinator fixes its timestamps, local deletion
+    times, column headers and encoding stats, and replicas re-serialize what they received), so replica
+    copies, hints and batchlog replays of one mutation share the id, while two different writes never do.
+    Replicas on different messaging versions (a rolling upgrade) serialize it differently: their copies are then
+    two mutations with the same content and write time, and applying the second changes nothing.
+    """
+    return hashlib.blake2b(entry_bytes, digest_size=MUTATION_ID_BYTES).digest()
+
+
 @dataclass(slots=True)
 class Mutation:
     """One commit-log entry's mutation: updates to one partition key in one keyspace, possibly several tables.
 
     ``segment``/``position`` locate the entry: ``position`` is the logical offset just after the entry, the
-    same value Cassandra uses for ``CommitLogPosition`` and writes into ``_cdc.idx``.
+    same value Cassandra uses for ``CommitLogPosition`` and writes into ``_cdc.idx``. ``mutation_id`` is
+    ``mutation_id(entry bytes)`` for a mutation read from a log (None for one built in memory and not
+    serialized yet).
     """
     updates: list
     segment: Optional[str] = None
     segment_id: Optional[int] = None
     position: Optional[int] = None
     messaging_version: int = 12
+    mutation_id: Optional[bytes] = None

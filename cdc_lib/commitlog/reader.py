@@ -12,7 +12,7 @@ from typing import Iterable, Iterator, Optional, Union
 
 from cdc_lib.errors import CdcError, FormatError, UnknownTableError
 
-from .model import Mutation
+from .model import Mutation, mutation_id
 from .mutation import decode_mutation
 from .segment import Damage, LogEntry, SegmentReader
 
@@ -76,6 +76,7 @@ def decode_entry(entry: LogEntry, schema) -> Union[Mutation, Damage]:
     m.segment = entry.segment
     m.segment_id = entry.segment_id
     m.position = entry.position
+    m.mutation_id = mutation_id(entry.data)
     return m
 
 

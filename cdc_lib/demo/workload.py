@@ -2,9 +2,11 @@
 
 Used by the demo, the benchmarks and the tests. ``Workload`` produces logical writes as Cassandra's storage
 layer sees them (``commitlog.model.Mutation``): inserts with row markers, partial updates, TTLs, collection element
-adds/removes and overwrites, static columns, cell/row/range/partition deletions and counters, with client
-timestamps that do not follow arrival order. ``write_cluster_segments`` then gives every replica its copy,
-in a per-node arrival order, in real segment files written by ``commitlog.writer.SegmentWriter``.
+adds/removes and overwrites (a complex deletion at ``ts - 1`` plus the new elements at ``ts``, as Cassandra writes
+them), static columns, cell/row/range/partition deletions, counters, and batches of several statements on one
+partition (one mutation), with client timestamps that do not follow arrival order. ``write_cluster_segments``
+then gives every replica its copy, in a per-node arrival order, in real segment files written by
+``commitlog.writer.SegmentWriter``.
 """
 from __future__ import annotations
 
@@ -15,9 +17,10 @@ import os
 import random
 import uuid
 from dataclasses import dataclass, field
+from functools import cmp_to_key
 
-from cdc_lib.commitlog.model import (BoundKind, Cell, DeletionTime, LivenessInfo, Mutation, PartitionUpdate,
-                                     RangeTombstoneMarker, Row)
+from cdc_lib.commitlog.model import (NO_TIMESTAMP, BoundKind, Cell, DeletionTime, LivenessInfo, Mutation,
+                                     PartitionUpdate, RangeTombstoneMarker, Row, mutation_id)
 from cdc_lib.commitlog.mutation import encode_mutation, finish_update
 from cdc_lib.commitlog.writer import SegmentFull, SegmentWriter
 from cdc_lib.cql import types as cqltypes
@@ -260,8 +263,8 @@ class Workload:
         return ck
 
     # -- cells ------------------------------------------------------------------------------------------------
-    def _cells_for(self, col, ts: int, ttl: int, now_s: int, overwrite: bool):
-        """Cells (and complex deletion) that writing a fresh random value to ``col`` produces."""
+    def _cells_for(self, col, ts: int, ttl: int, now_s: int):
+        """Cells (and complex deletion) that ``SET col = <fresh random value>`` (or an INSERT) produces."""
         t = col.type
         ldt = now_s + ttl if ttl else None
         value = random_value(t, self.rnd)
@@ -269,9 +272,9 @@ class Workload:
             return [self._cell(col.name, encode_value(t, value), ts, ttl, ldt)], None
         pairs = t.encode_cells(value)
         cells = [self._cell(col.name, v, ts, ttl, ldt, path=p) for p, v in sorted_cells(t, pairs)]
-        # INSERT or "SET c = ..." replaces the collection: a complex deletion just below the write.
-        cdel = DeletionTime(ts - 1, now_s) if overwrite else None
-        return cells, cdel
+        # INSERT or "SET c = ..." replaces the collection: Cassandra writes a complex deletion just below the
+        # write (ts - 1) and the new elements at ts, in the same row of the same mutation.
+        return cells, DeletionTime(ts - 1, now_s)
 
     @staticmethod
     def _cell(name, value, ts, ttl, ldt, path=None, tombstone=False):
@@ -285,36 +288,59 @@ class Workload:
     def next_mutation(self) -> Mutation:
         table = self.rnd.choice(self.tables)
         if table.is_counter:
-            return self._counter_update(table)
-        r = self.rnd.random()
-        if r < 0.30:
-            return self._write(table, insert=True)
-        if r < 0.62:
-            return self._write(table, insert=False)
-        if r < 0.70 and any(c.type.multicell for c in table.regular_columns):
-            return self._collection_edit(table)
-        if r < 0.76 and table.static_columns:
-            return self._static_write(table)
-        if r < 0.84:
-            return self._cell_delete(table)
-        if r < 0.91:
-            return self._row_delete(table)
-        if r < 0.96 and table.clustering:
-            return self._range_delete(table)
-        return self._partition_delete(table)
+            if self.rnd.random() < 0.1:
+                return self._mutation(self._counter_batch(table))
+            return self._mutation(self._counter_update(table, self._partition_key(table), self._ts()))
+        if self.rnd.random() < 0.08:
+            return self._mutation(self._batch(table))
+        return self._mutation(self._statement(table, self._partition_key(table), self._ts()))
 
     def mutations(self, n: int):
         for _ in range(n):
             yield self.next_mutation()
 
-    def _update(self, table, key, **kw) -> Mutation:
-        u = finish_update(PartitionUpdate(table.id, key, table, **kw))
-        return Mutation([u])
+    def _mutation(self, update: PartitionUpdate) -> Mutation:
+        """The mutation of one partition update, with the id its serialized bytes give it (as read back from a
+        segment written by ``write_cluster_segments``)."""
+        m = Mutation([finish_update(update)])
+        m.mutation_id = mutation_id(encode_mutation(m, self.schema))
+        return m
 
-    def _write(self, table, insert: bool) -> Mutation:
+    def _statement(self, table, key: bytes, ts: int, range_delete: bool = True) -> PartitionUpdate:
+        """What one CQL statement on partition ``key`` writes, at timestamp ``ts``."""
+        r = self.rnd.random()
+        if r < 0.30:
+            return self._write(table, key, ts, insert=True)
+        if r < 0.62:
+            return self._write(table, key, ts, insert=False)
+        if r < 0.70 and any(c.type.multicell for c in table.regular_columns):
+            return self._collection_edit(table, key, ts)
+        if r < 0.76 and table.static_columns:
+            return self._static_write(table, key, ts)
+        if r < 0.84:
+            return self._cell_delete(table, key, ts)
+        if r < 0.91 or (r < 0.96 and table.clustering and not range_delete):
+            return self._row_delete(table, key, ts)
+        if r < 0.96 and table.clustering:
+            return self._range_delete(table, key, ts)
+        return self._partition_delete(table, key, ts)
+
+    def _batch(self, table) -> PartitionUpdate:
+        """A CQL batch (logged or unlogged: the commit log cannot tell them apart) of 2-4 statements on one
+        partition, as one partition update (``merge_statements``). Either every statement carries the batch's
+        timestamp, or each its own ``USING TIMESTAMP``. At most one range deletion: two would overlap into
+        boundary markers, which ``merge_statements`` does not build."""
         key = self._partition_key(table)
+        shared = self._ts() if self.rnd.random() < 0.5 else None
+        parts = []
+        for _ in range(self.rnd.randint(2, 4)):
+            ranged = any(p.markers for p in parts)
+            parts.append(self._statement(table, key, shared if shared is not None else self._ts(),
+                                         range_delete=not ranged))
+        return merge_statements(table, key, parts)
+
+    def _write(self, table, key: bytes, ts: int, insert: bool) -> PartitionUpdate:
         ck = self._clustering(table, key)
-        ts = self._ts()
         now_s = ts // 1_000_000
         ttl = self.rnd.choice((0, 0, 0, 0, 0, 60, 3600)) if self.rnd.random() < 0.3 else 0
         regular = table.regular_columns
@@ -322,34 +348,34 @@ class Workload:
             cols = regular
         else:
             cols = self.rnd.sample(regular, k=self.rnd.randint(1, max(1, min(3, len(regular))))) if regular else []
-        cells, cdels = [], {}
-        for col in sorted(cols, key=lambda c: (c.type.multicell, c.name.encode())):
-            cs, cdel = self._cells_for(col, ts, ttl, now_s, overwrite=True)
-            cells += cs
-            if cdel:
-                cdels[col.name] = cdel
+        cells, cdels = self._set_columns(cols, ts, ttl, now_s)
         liveness = LivenessInfo(ts, ttl, now_s + ttl) if ttl else LivenessInfo(ts)
         row = Row(ck, liveness if insert else None, cells=cells, complex_deletions=cdels)
         static_row = None
         if insert and table.static_columns and self.rnd.random() < 0.3:
             static_row = self._static_row(table, ts, now_s)
-        return self._update(table, key, unfiltereds=[row] if (cells or insert) else [], static_row=static_row)
+        return PartitionUpdate(table.id, key, table, unfiltereds=[row] if (cells or insert) else [],
+                               static_row=static_row)
+
+    def _set_columns(self, cols, ts: int, ttl: int, now_s: int):
+        """(cells, complex deletions) of ``SET col = <fresh value>`` for each column (INSERT sets them too)."""
+        cells, cdels = [], {}
+        for col in sorted(cols, key=lambda c: (c.type.multicell, c.name.encode())):
+            cs, cdel = self._cells_for(col, ts, ttl, now_s)
+            cells += cs
+            if cdel:
+                cdels[col.name] = cdel
+        return cells, cdels
 
     def _static_row(self, table, ts, now_s):
-        cells = []
-        for col in sorted(table.static_columns, key=lambda c: (c.type.multicell, c.name.encode())):
-            cells += self._cells_for(col, ts, 0, now_s, overwrite=False)[0]
-        return Row((), cells=cells, is_static=True)
+        cells, cdels = self._set_columns(table.static_columns, ts, 0, now_s)
+        return Row((), cells=cells, complex_deletions=cdels, is_static=True)
 
-    def _static_write(self, table) -> Mutation:
-        key = self._partition_key(table)
-        ts = self._ts()
-        return self._update(table, key, static_row=self._static_row(table, ts, ts // 1_000_000))
+    def _static_write(self, table, key: bytes, ts: int) -> PartitionUpdate:
+        return PartitionUpdate(table.id, key, table, static_row=self._static_row(table, ts, ts // 1_000_000))
 
-    def _collection_edit(self, table) -> Mutation:
-        key = self._partition_key(table)
+    def _collection_edit(self, table, key: bytes, ts: int) -> PartitionUpdate:
         ck = self._clustering(table, key)
-        ts = self._ts()
         now_s = ts // 1_000_000
         col = self.rnd.choice([c for c in table.regular_columns if c.type.multicell])
         t = col.type
@@ -362,32 +388,26 @@ class Workload:
         else:
             cells = [self._cell(col.name, v, ts, 0, None, path=p) for p, v in pairs]
         cells.sort(key=lambda c: t.path_type.sort_key(c.path))
-        return self._update(table, key, unfiltereds=[Row(ck, cells=cells)])
+        return PartitionUpdate(table.id, key, table, unfiltereds=[Row(ck, cells=cells)])
 
-    def _cell_delete(self, table) -> Mutation:
-        key = self._partition_key(table)
+    def _cell_delete(self, table, key: bytes, ts: int) -> PartitionUpdate:
         ck = self._clustering(table, key)
-        ts = self._ts()
         cols = table.regular_columns
         if not cols:
-            return self._row_delete(table)
+            return self._row_delete(table, key, ts)
         col = self.rnd.choice(cols)
         now_s = ts // 1_000_000
         if col.type.multicell:
             row = Row(ck, complex_deletions={col.name: DeletionTime(ts, now_s)})
         else:
             row = Row(ck, cells=[self._cell(col.name, b"", ts, 0, now_s, tombstone=True)])
-        return self._update(table, key, unfiltereds=[row])
+        return PartitionUpdate(table.id, key, table, unfiltereds=[row])
 
-    def _row_delete(self, table) -> Mutation:
-        key = self._partition_key(table)
+    def _row_delete(self, table, key: bytes, ts: int) -> PartitionUpdate:
         ck = self._clustering(table, key)
-        ts = self._ts()
-        return self._update(table, key, unfiltereds=[Row(ck, deletion=DeletionTime(ts, ts // 1_000_000))])
+        return PartitionUpdate(table.id, key, table, unfiltereds=[Row(ck, deletion=DeletionTime(ts, ts // 1_000_000))])
 
-    def _range_delete(self, table) -> Mutation:
-        key = self._partition_key(table)
-        ts = self._ts()
+    def _range_delete(self, table, key: bytes, ts: int) -> PartitionUpdate:
         d = DeletionTime(ts, ts // 1_000_000)
         rows = sorted(self.known[table.id].partitions.get(key) or [])
         first = table.clustering[0]
@@ -411,18 +431,14 @@ class Workload:
             else:
                 markers = [RangeTombstoneMarker(BoundKind.INCL_START_BOUND, (b,), d),
                            RangeTombstoneMarker(BoundKind.EXCL_END_BOUND, (a,), d)]
-        return self._update(table, key, unfiltereds=markers)
+        return PartitionUpdate(table.id, key, table, unfiltereds=markers)
 
-    def _partition_delete(self, table) -> Mutation:
-        key = self._partition_key(table)
-        ts = self._ts()
-        return self._update(table, key, partition_deletion=DeletionTime(ts, ts // 1_000_000))
+    def _partition_delete(self, table, key: bytes, ts: int) -> PartitionUpdate:
+        return PartitionUpdate(table.id, key, table, partition_deletion=DeletionTime(ts, ts // 1_000_000))
 
-    def _counter_update(self, table) -> Mutation:
+    def _counter_update(self, table, key: bytes, ts: int) -> PartitionUpdate:
         """A counter write as the leader replica logs it: one global shard holding the leader's running total."""
-        key = self._partition_key(table)
         ck = self._clustering(table, key)
-        ts = self._ts()
         leader = self.rnd.randrange(len(self.counter_ids))
         cells = []
         for col in sorted(table.regular_columns, key=lambda c: c.name.encode()):
@@ -435,7 +451,121 @@ class Workload:
             self.counter_state[state_key] = (clock, total)
             ctx = cqltypes.encode_counter_context([(self.counter_ids[leader], clock, total, "global")])
             cells.append(Cell(col.name, ctx, ts))
-        return self._update(table, key, unfiltereds=[Row(ck, cells=cells)])
+        return PartitionUpdate(table.id, key, table, unfiltereds=[Row(ck, cells=cells)])
+
+    def _counter_batch(self, table) -> PartitionUpdate:
+        """``BEGIN COUNTER BATCH``: an increment and a DELETE (of a counter or a row) on one partition, one
+        mutation, both at the batch's timestamp (counter statements cannot carry their own)."""
+        key = self._partition_key(table)
+        ts = self._ts()
+        delete = self._cell_delete if self.rnd.random() < 0.5 else self._row_delete
+        parts = [self._counter_update(table, key, ts), delete(table, key, ts)]
+        self.rnd.shuffle(parts)
+        return merge_statements(table, key, parts)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Several statements on one partition: one partition update
+# ------------------------------------------------------------------------------------------------------------
+
+def merge_statements(table, key: bytes, updates) -> PartitionUpdate:
+    """The partition update a CQL batch writes for several statements on one partition.
+
+    Cassandra's ``UpdatesCollector`` builds one partition update per table and partition key for the whole
+    batch (logged or not), so the batch reaches the commit log as one mutation, applied atomically. Built here
+    as Cassandra builds it: the newest partition deletion; rows of equal clustering merged as ``Rows.merge``
+    merges them (the winning liveness, row deletion, complex deletions and cells; what the merged deletions
+    cover dropped); rows and range tombstone markers in clustering order. (Cassandra also leaves out rows that
+    the update's own partition or range deletion covers when it serializes; keeping them changes nothing a
+    reader sees.) Range tombstones of different statements must not overlap.
+    """
+    deletion = None
+    static = None
+    rows: dict = {}
+    markers = []
+    for u in updates:
+        d = u.partition_deletion
+        if d is not None and (deletion is None or _deletion_key(d) > _deletion_key(deletion)):
+            deletion = d
+        if u.static_row is not None:
+            static = u.static_row if static is None else _merge_rows(table, static, u.static_row)
+        for x in u.unfiltereds:
+            if isinstance(x, RangeTombstoneMarker):
+                markers.append(x)
+            else:
+                cur = rows.get(x.clustering)
+                rows[x.clustering] = x if cur is None else _merge_rows(table, cur, x)
+    unfiltereds = sorted(list(rows.values()) + markers, key=cmp_to_key(lambda a, b: _compare_unfiltered(table, a, b)))
+    return PartitionUpdate(table.id, key, table, partition_deletion=deletion, static_row=static,
+                           unfiltereds=unfiltereds)
+
+
+def _deletion_key(d: DeletionTime) -> tuple:
+    return d.marked_for_delete_at, d.local_deletion_time
+
+
+def _cell_key(c: Cell) -> tuple:
+    """Which of two cells of one column (and path) Cassandra keeps: timestamp, then a tombstone, then the
+    later local deletion time, then the greater value."""
+    return c.timestamp, c.is_tombstone, c.local_deletion_time, c.value
+
+
+def _merge_rows(table, a: Row, b: Row) -> Row:
+    lv = a.liveness
+    if b.liveness is not None and (lv is None or (b.liveness.timestamp, b.liveness.ttl != 0) >
+                                   (lv.timestamp, lv.ttl != 0)):
+        lv = b.liveness
+    deletion = a.deletion
+    if b.deletion is not None and (deletion is None or _deletion_key(b.deletion) > _deletion_key(deletion)):
+        deletion = b.deletion
+    shadow = deletion.marked_for_delete_at if deletion is not None else None
+    if lv is not None and shadow is not None and lv.timestamp <= shadow:
+        lv = None
+    cdels = {}
+    for col, d in list(a.complex_deletions.items()) + list(b.complex_deletions.items()):
+        if (shadow is None or d.marked_for_delete_at > shadow) and (
+                col not in cdels or _deletion_key(d) > _deletion_key(cdels[col])):
+            cdels[col] = d
+    cells: dict = {}
+    for c in a.cells + b.cells:
+        cur = cells.get((c.column, c.path))
+        if cur is None or _cell_key(c) > _cell_key(cur):
+            cells[(c.column, c.path)] = c
+    kept = []
+    for c in cells.values():
+        floor = max(shadow if shadow is not None else NO_TIMESTAMP,
+                    cdels[c.column].marked_for_delete_at if c.column in cdels else NO_TIMESTAMP)
+        if c.timestamp > floor:
+            kept.append(c)
+
+    def cell_order(c):
+        t = table.column_for_data(c.column).type
+        return c.column, (t.path_type.sort_key(c.path) if c.path is not None else ())
+    kept.sort(key=cell_order)
+    return Row(a.clustering, lv, deletion, cells=kept, complex_deletions=cdels, is_static=a.is_static)
+
+
+def _compare_unfiltered(table, a, b) -> int:
+    """Clustering order of rows and range tombstone bounds (``ClusteringComparator.compare``): on an equal
+    common prefix a start bound (inclusive) or end bound (exclusive) sorts before the rows it is a prefix of,
+    the others after them."""
+    pa_, ra = _prefix_and_rank(a)
+    pb, rb = _prefix_and_rank(b)
+    for col, x, y in zip(table.clustering, pa_, pb):
+        kx, ky = col.type.sort_key(x), col.type.sort_key(y)
+        if kx != ky:
+            c = -1 if kx < ky else 1
+            return -c if col.reversed else c
+    if len(pa_) == len(pb):
+        return (ra > rb) - (ra < rb)
+    return ra if len(pa_) < len(pb) else -rb
+
+
+def _prefix_and_rank(u) -> tuple:
+    if not isinstance(u, RangeTombstoneMarker):
+        return u.clustering, 0
+    before = u.kind in (BoundKind.INCL_START_BOUND, BoundKind.EXCL_END_BOUND, BoundKind.EXCL_END_INCL_START_BOUNDARY)
+    return u.clustering, -1 if before else 1
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -298,7 +298,7 @@ def _sweep_marks(store, tables, now: int, prev_now: Optional[int]) -> list:
                           "table_id": str(t.id), "keyspace": t.keyspace, "table": t.name,
                           "partition_key": pk, "token": murmur3_token(pk), "clustering": b"",
                           "is_static": False, "kind": SWEEP_KIND, "timestamp": 0, "ttl": 0,
-                          "local_deletion_time": 0})
+                          "local_deletion_time": 0, "mutation_id": None})     # from no commit-log entry
     return marks
 
 

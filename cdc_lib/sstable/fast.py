@@ -87,8 +87,9 @@ class ScanState:
 
     def start_partition(self, log: FastCellLog, position: int, key: bytes) -> int:
         uidx = len(log.updates)
+        # mutation_id None: an SSTable holds merged state, not the mutations that made it
         log.updates.append((self.segment, self.segment_id, position, self.entry, self.table_id, self.keyspace,
-                            self.table, key, murmur3_token(key)))
+                            self.table, key, murmur3_token(key), None))
         self.entry += 1
         self.uidx = uidx
         self.partition_start = position

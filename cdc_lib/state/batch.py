@@ -8,14 +8,16 @@ Steps for one table:
 
 1. **Replica duplicates** (``dedupe_records``). RF 3 means every record arrives three times, from different
    segments of different nodes. Two records are copies when they agree on every cell-log column except where
-   they were read (``SOURCE_COLUMNS``: segment, segment_id, position, entry_index, seq). One copy is kept: the
-   one with the smallest (segment_id, position, segment, entry_index, seq), so the event's source segment and
-   position are the same whichever node's segments were read first. Dropping copies is an optimisation for
-   the join (which is idempotent) but it matters for events: ``source`` must not depend on arrival order.
+   they were read (``SOURCE_COLUMNS``: segment, segment_id, position, entry_index, seq); copies of one mutation
+   share its ``mutation_id``, so records of two different mutations are never copies of each other. One copy is
+   kept: the one with the smallest (segment_id, position, segment, entry_index, seq), so the event's source
+   segment and position are the same whichever node's segments were read first. Dropping copies is an
+   optimisation for the join (which is idempotent) but it matters for events: ``source`` must not depend on
+   arrival order.
 2. **Partitions in token order** (``(token, partition key)``): for each partition, the expiry sweep of
-   ``(prev_now, now]`` (when ``prev_now`` is given), then ``state.events.apply_batch`` for its records. Events come
-   out partition by partition in that order, which is also the outbox order: deterministic, so a rerun of the
-   batch produces the same outbox rows.
+   ``(prev_now, now]`` (when ``prev_now`` is given), then ``state.events.apply_batch`` for its records (one change
+   per mutation, in write-time order). Events come out partition by partition in that order, which is also the
+   outbox order: deterministic, so a rerun of the batch produces the same outbox rows.
 3. **Changed partitions**: those whose state differs from the prior state, plus every partition the sweep
    looked at (their visible rows and next expiry moved on). Only these are written back.
 

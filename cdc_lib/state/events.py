@@ -25,15 +25,30 @@ Rules:
 * An event is emitted only when a row's visible state changes (``before != after``). ``changed`` lists the
   columns whose value differs between ``before`` and ``after`` (a missing image counts as all null; key
   columns are included for creates and deletes).
-* Order: records are grouped by partition and applied in write-timestamp order (ties: segment id, segment,
-  position, entry index, seq), all records with the same timestamp together as one *write*. After each
-  write, the rows it may have touched are compared with what consumers last saw; each changed row yields
-  one event, rows in clustering order (the static-only row first). A late write that still changes the row
-  yields an update whose ``before`` is the row as consumers last saw it, so for every key each event's
-  ``before`` is the previous event's ``after``.
-* ``source.ts_us`` is the write's timestamp (for deletions, the tombstone's); ``segment``/``position`` are
-  those of the write's last record. Expiry events have ``expired: True``, ``ts_us`` = the expiry time and no
-  segment/position.
+* **One event per row per mutation.** Cassandra applies a mutation (one commit-log entry: a statement, or
+  every statement of a batch that touches one partition) to its partition atomically: no read ever sees part
+  of it. So the unit of change is the mutation: a partition's records are grouped by ``mutation_id`` (the
+  cell log's id of the entry they came from, shared by every replica's copy), each group is applied whole, and
+  then the rows it may have touched are compared with what consumers last saw; each changed row yields one
+  event, rows in clustering order (the static-only row first). A collection overwrite (a complex deletion at
+  ``ts - 1`` plus the new elements at ``ts``), an INSERT with collections over an existing row, a range or
+  partition deletion followed by inserts in one batch, a counter delete and increment in one batch: each is
+  one event per row, never a delete and a create, never an image with the collection emptied in between.
+* Mutations of a partition are applied in the order of their **write time**, the highest timestamp among
+  their records of that partition (``ts`` for a collection overwrite, not ``ts - 1``); equal write times are
+  ordered by ``mutation_id`` (unsigned bytes), so the order never depends on arrival. Records without a
+  mutation id (not read from a commit-log entry: an SSTable or a CQL scan holds merged state, not history)
+  are one change together per partition and batch, with their highest timestamp as write time, before a
+  mutation with the same write time: the only states known to have existed are before and after all of them.
+* A late mutation (its write time is older than changes already published for the partition, because its
+  replicas' segments came in a later batch) is joined into the state as it stands: each row whose visible
+  state it changes gets one update whose ``before`` is the row as consumers last saw it and whose ``after`` is
+  the row with every mutation seen so far; published history is never rewritten. So for every key each
+  event's ``before`` is the previous event's ``after``; ``source.ts_us`` can then be older than the previous
+  event's.
+* ``source.ts_us`` is the mutation's write time; ``segment``/``position`` are those of the copy with the
+  smallest (segment id, position) (the copy ``state.batch.dedupe_records`` keeps). Expiry events have
+  ``expired: True``, ``ts_us`` = the expiry time and no segment/position.
 * ``id`` is a hash of the table id, the partition key, the row key, ``op``, ``ts_us`` and the row's resulting
   state (its cells and tombstones with their timestamps, its static row, the deletions covering it, and which
   of its cells are live): republishing the same change gives the same id; two different changes never do.
@@ -45,12 +60,22 @@ Contract on ``now``: consumers must have seen every partition as it was visible 
 ``now`` must not decrease from one call to the next. Under that contract a consumer that applies the events
 in order holds exactly ``state.reconcile.visible_rows`` of every partition (``replay`` does that, for tests).
 
+The invariant every event stream satisfies (``tests/event_invariant.py`` checks it against an independent
+model, and can check it against a real cluster): **every ``before`` and ``after`` is a state of its row that
+``SELECT *`` at consistency ALL could have returned at some moment, and per key the images follow each other in
+the order those states occurred.** Precisely, the images are the row after each mutation the pipeline has
+seen, applied in write-time order; that is what readers saw whenever mutations were applied in write-time order
+and reached the pipeline no later than newer ones (server-side timestamps, no lagging replica). Out-of-order
+client timestamps and late segments are the exception: their events still chain, and the latest image is
+always the row as it is.
+
 Other entry points: ``snapshot_events`` (``r`` events of every visible row, for a backfill),
 ``partition_next_expiry`` (a partition's next TTL expiry, so a store can sweep only what can expire).
 """
 from __future__ import annotations
 
 import hashlib
+from operator import itemgetter
 from typing import Iterable, Optional
 
 from cdc_lib.celllog.schema import KIND_PARTITION_DELETION, KIND_RANGE_TOMBSTONE
@@ -62,9 +87,41 @@ CONNECTOR = "cassandra-cdc"
 OP_CREATE, OP_UPDATE, OP_DELETE, OP_READ = "c", "u", "d", "r"
 
 
-def _record_order(rec) -> tuple:
-    return (rec["timestamp"], rec.get("segment_id") or 0, rec.get("segment") or "", rec.get("position") or 0,
-            rec.get("entry_index") or 0, rec.get("seq") or 0)
+# Which copy of a mutation an event names as its source: the one with the smallest (segment id, position,
+# segment), which is also the copy ``state.batch.dedupe_records`` keeps (records are cell-log records).
+_source_copy = itemgetter("segment_id", "position", "segment")
+
+
+def _partition_changes(records: list) -> list:
+    """One partition's records as its changes, in the order they are applied: [(write time, [records])].
+
+    A change is one mutation's records (same ``mutation_id``); records without one are one change together.
+    Order: write time (the highest timestamp of the change's records), then mutation id (none first).
+    """
+    first = records[0]
+    if len(records) == 1:
+        return [(first["timestamp"], records)]
+    mid = first.get("mutation_id")
+    write_time = first["timestamp"]
+    for rec in records:             # most partitions of a batch have one mutation: no grouping, no sort
+        if rec.get("mutation_id") != mid:
+            break
+        ts = rec["timestamp"]
+        if ts > write_time:
+            write_time = ts
+    else:
+        return [(write_time, records)]
+    groups: dict = {}
+    for rec in records:
+        mid = rec.get("mutation_id")
+        group = groups.get(mid)
+        if group is None:
+            groups[mid] = [rec]
+        else:
+            group.append(rec)
+    changes = [(max(r["timestamp"] for r in group), mid or b"", group) for mid, group in groups.items()]
+    changes.sort(key=lambda c: (c[0], c[1]))
+    return [(write_time, group) for write_time, _, group in changes]
 
 
 class _Emitter:
@@ -200,17 +257,7 @@ def apply_batch(table, states: dict, records: Iterable, now: int, *, cluster: st
         part = states.get(pk)
         if part is None:
             part = states[pk] = PartitionState()
-        if len(recs) > 1:
-            recs.sort(key=_record_order)
-        i = 0
-        n = len(recs)
-        while i < n:
-            ts = recs[i]["timestamp"]
-            j = i
-            while j < n and recs[j]["timestamp"] == ts:
-                j += 1
-            group = recs[i:j]
-            i = j
+        for ts, group in _partition_changes(recs):
             scope = set()
             whole = False
             for rec in group:
@@ -223,7 +270,7 @@ def apply_batch(table, states: dict, records: Iterable, now: int, *, cluster: st
                 only = None
                 before = partition_images(table, part, now, None)
             else:
-                # Most writes change nothing (replica copies, losing late writes): apply them to copies of
+                # Most mutations change nothing (replica copies, losing late writes): apply them to copies of
                 # the rows in scope and compute the "before" images only when something changed.
                 only = scope
                 saved = {ck: part.rows.get(ck) for ck in scope}
@@ -242,8 +289,8 @@ def apply_batch(table, states: dict, records: Iterable, now: int, *, cluster: st
                 before = partition_images(table, part, now, only)
                 _swap_rows(part, current)
             after = partition_images(table, part, now, only)
-            last = group[-1]
-            events += emitter.diff(pk, part, before, after, now, ts, last.get("segment"), last.get("position"),
+            source = group[0] if len(group) == 1 else min(group, key=_source_copy)
+            events += emitter.diff(pk, part, before, after, now, ts, source.get("segment"), source.get("position"),
                                    False)
     return events
 
