@@ -37,6 +37,7 @@ def _put_segment(store: ObjectStore, node: str, i: int, size: int = 100, complet
 @pytest.fixture
 def cfg(tmp_path) -> P.PipelineConfig:
     (tmp_path / "schema.cql").write_text(SAMPLE_SCHEMA_CQL)
+    (tmp_path / "store").mkdir()          # made by the agents (the pipeline never creates its store)
     return P.PipelineConfig(store_url=str(tmp_path / "store"), cluster="c1", schema_file=str(tmp_path / "schema.cql"),
                             now=NOW)
 

@@ -153,7 +153,7 @@ def run_demo(n_mutations: int = 2000, workdir: Path | None = None, keep: bool = 
     from cdc_lib.settings import AgentConfig, PipelineConfig
 
     from .servers import run_kafka_broker, run_s3_server
-    from .workload import SAMPLE_SCHEMA_CQL, Workload, sample_schema, write_cluster_segments
+    from .workload import SAMPLE_SCHEMA_CQL, Workload, clock_start_us, sample_schema, write_cluster_segments
     t_start = time.monotonic()
     owned = workdir is None
     work = Path(tempfile.mkdtemp(prefix="cdc-demo-")) if owned else Path(workdir)
@@ -169,7 +169,7 @@ def run_demo(n_mutations: int = 2000, workdir: Path | None = None, keep: bool = 
         _say(f"workdir {work}")
         _say(f"generating {n_mutations} writes on 3 nodes, RF 3 (sample schema: {schema_file})")
         schema = sample_schema()
-        workload = Workload(schema, seed=seed)
+        workload = Workload(schema, seed=seed, start_us=clock_start_us())   # dated now: TTLs run out later
         cw = write_cluster_segments(work / "cassandra", schema, n_mutations, seed=seed, workload=workload,
                                     segment_size=256 * 1024)
         for node, paths in sorted(cw.segments.items()):
