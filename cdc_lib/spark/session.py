@@ -94,11 +94,12 @@ def local_session(app_name: str = "cdc-merge-batch", cores: int = 2, driver_memo
 def forward_jvm_output(stream, unformatted_level: int) -> threading.Thread:
     """Log each line of ``stream`` (a pipe from the JVM) on ``jvm_log``, at the level its log4j prefix names.
 
-    A line without a prefix continues the record before it (a stack trace) when it is indented or says
-    ``Caused by``; else it is logged at ``unformatted_level``, except the JVM's own start-up notices (info).
+    A line without a prefix continues the record before it (an exception and its stack trace, which log4j writes
+    on the lines after the message); before the first record it is logged at ``unformatted_level``, except the
+    JVM's own start-up notices (info).
     """
     def pump() -> None:
-        level = unformatted_level
+        level = None
         with stream:
             for raw in iter(stream.readline, b""):
                 line = raw.decode("utf-8", "replace").rstrip()
@@ -108,11 +109,10 @@ def forward_jvm_output(stream, unformatted_level: int) -> threading.Thread:
                 if m:
                     level = _LOG4J_LEVELS[m.group(1)]
                     jvm_log.log(level, "%s: %s", m.group(2), m.group(3))
-                elif line[:1].isspace() or line.startswith("Caused by"):
+                elif level is not None:
                     jvm_log.log(level, "%s", line)
                 else:
-                    level = logging.INFO if line.startswith(_JVM_NOTICES) else unformatted_level
-                    jvm_log.log(level, "%s", line)
+                    jvm_log.log(logging.INFO if line.startswith(_JVM_NOTICES) else unformatted_level, "%s", line)
 
     thread = threading.Thread(target=pump, name="spark-jvm-output", daemon=True)
     thread.start()
