@@ -45,16 +45,17 @@ SCHEDULE = "20s"          # the main DAG's schedule (a setting): short, so the t
 
 
 class Airflow:
-    """An Airflow deployment in ``home``: three server processes, the CLI and the REST API (all admins)."""
+    """An Airflow deployment in ``home``: three server processes, the CLI and the REST API (all admins).
+    Every process starts in ``cwd``, which must stay empty."""
 
-    def __init__(self, home: Path, env: dict, port: int):
-        self.home, self.env, self.port = home, env, port
+    def __init__(self, home: Path, cwd: Path, env: dict, port: int):
+        self.home, self.cwd, self.env, self.port = home, cwd, env, port
         self.processes: list[ServerProcess] = []
         self.children: dict[int, psutil.Process] = {}
 
     def cli(self, *args: str, timeout: float = 180) -> str:
         done = subprocess.run([str(AIRFLOW), *args], env=self.env, capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL, cwd=self.env["CWD"])
+                              stdin=subprocess.DEVNULL, cwd=self.cwd)
         assert done.returncode == 0, f"airflow {' '.join(args)}: exit {done.returncode}\n{done.stderr[-3000:]}"
         return done.stdout
 
@@ -63,7 +64,7 @@ class Airflow:
             log_path = self.home / f"{command}.log"
             with open(log_path, "ab") as log:
                 popen = subprocess.Popen([str(AIRFLOW), command], env=self.env, stdout=log,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.env["CWD"],
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.cwd,
                                          start_new_session=True)
             self.processes.append(ServerProcess(command, popen, log_path))
 
@@ -120,11 +121,10 @@ class Airflow:
                 child.kill()
 
 
-def _deployment_env(home: Path, cwd: Path, port: int, settings_file: Path, kafka_bootstrap: str, s3) -> dict:
+def _deployment_env(home: Path, port: int, settings_file: Path, kafka_bootstrap: str, s3) -> dict:
     """What an operator sets up: Airflow's own configuration, the connections, the CASSANDRA_CDC_* variables."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "CASSANDRA_CDC_"))}
     env.update({
-        "CWD": str(cwd),                                 # not Airflow's: where the test starts every process
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
@@ -224,11 +224,9 @@ def test_scheduled_runs_under_a_real_airflow(tmp_path, kafka_broker, s3_server, 
     home.mkdir()
     cwd.mkdir()
     port = free_port()
-    airflow = Airflow(home, _deployment_env(home, cwd, port, settings_file, kafka_broker, s3_server), port)
-    cfg = P.PipelineConfig(store_url=store_url, cluster=CLUSTER, schema_file=str(schema_file),
-                           s3_endpoint_url=s3_server.endpoint_url, s3_access_key=s3_server.access_key,
-                           s3_secret_key=s3_server.secret_key, topic_prefix=topic_prefix)
-    store = P.open_store(cfg)
+    airflow = Airflow(home, cwd, _deployment_env(home, port, settings_file, kafka_broker, s3_server), port)
+    store = P.open_store(P.PipelineConfig(store_url=store_url, s3_endpoint_url=s3_server.endpoint_url,
+                                          s3_access_key=s3_server.access_key, s3_secret_key=s3_server.secret_key))
     try:
         airflow.cli("db", "migrate")
         airflow.start("api-server", "dag-processor", "scheduler")
@@ -301,6 +299,7 @@ def test_scheduled_runs_under_a_real_airflow(tmp_path, kafka_broker, s3_server, 
                 assert events and all(e["op"] == "r" for e in events), b.batch_id
 
         # Logs: a successful transform logs nothing at error level, no loopback warning, its summary first.
+        with_spark = 0
         for _, dag_id, run, tis in rows:
             if tis.get("transform", {}).get("state") != "success":
                 continue                              # skipped: the run had nothing to do
@@ -308,10 +307,17 @@ def test_scheduled_runs_under_a_real_airflow(tmp_path, kafka_broker, s3_server, 
             errors = [e["event"] for e in log if e.get("level") == "error"]
             assert errors == [], f"{run['dag_run_id']}: error-level lines on success:\n" + "\n".join(errors)
             assert not any("loopback address" in str(e.get("event")) for e in log)
-            ours = [e["event"] for e in log if str(e.get("logger", "")).startswith("cassandra_cdc")]
-            assert ours[0].startswith("transform: batch "), ours[:3]
-        claim_log = "\n".join(str(e.get("event")) for e in _task_log(home, "cassandra_cdc", batches[0].claimed_by, "claim"))
-        assert f"config file {settings_file}" in claim_log and "Airflow Variable cassandra_cdc_settings" in claim_log
+            ours = [e for e in log if str(e.get("logger", "")).startswith("cassandra_cdc")]
+            assert ours[0]["event"].startswith("transform: batch "), ours[:3]
+            with_spark += any(e["logger"] == "cassandra_cdc.spark.jvm" for e in ours)   # the JVM's output, routed
+        assert with_spark >= 2
+        # Where the settings came from, as the first task of a run logs them; a healthy store, no warning.
+        claim_log = "\n".join(str(e.get("event"))
+                              for e in _task_log(home, "cassandra_cdc", batches[0].claimed_by, "claim"))
+        for source in (f"config file {settings_file}", "Airflow Variable cassandra_cdc_settings",
+                       "Airflow connection cassandra_cdc_s3", "environment CASSANDRA_CDC_SCHEDULE"):
+            assert source in claim_log, source
+        assert store.get_json(P.METRICS_KEY)["last"]["claim"]["warnings"] == []
         assert os.listdir(cwd) == [], "something was written to the scheduler's working directory"
         timings["checked"] = time.monotonic() - t_start
         print("timings (s since the test started): " + ", ".join(f"{k} {v:.0f}" for k, v in timings.items()))

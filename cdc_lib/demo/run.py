@@ -86,13 +86,14 @@ def summarize(store, cw) -> dict:
     by_op: dict = {}
     by_table: dict = {}
     s = {"batches": 0, "segments": 0, "events": 0, "published": 0, "already_in_kafka": 0, "quarantined": 0,
-         "archived": 0, "sweep_batches": 0}
+         "archived": 0, "sweep_batches": 0, "expiry_events": 0}
     for key in store.list("ledger/batches/"):
         b = Batch.from_dict(store.get_json(key))
         s["batches"] += 1
         s["segments"] += len(b.segments)
         s["sweep_batches"] += int(b.sweep)
         pub = b.steps.get("publish", {})
+        s["expiry_events"] += pub.get("events", 0) if b.sweep else 0
         s["events"] += pub.get("events", 0)
         s["published"] += pub.get("produced", 0)
         s["already_in_kafka"] += pub.get("already_in_kafka", 0)
@@ -246,7 +247,7 @@ def _print_summary(s: dict, store_url: str) -> None:
     print(f"    commit-log entries (3 nodes) {s['commit_log_entries']}")
     print(f"    replica copies dropped       {s['replica_copies_dropped']}")
     print(f"    batches / segments           {s['batches']} / {s['segments']} (archived {s['archived']}, "
-          f"sweep batches {s['sweep_batches']})")
+          f"sweep batches {s['sweep_batches']}, with {s['expiry_events']} TTL expiry events)")
     print(f"    events published             {s['events']} (produced {s['published']}, already in Kafka "
           f"{s['already_in_kafka']})")
     print(f"    events by op                 {json.dumps(s['by_op'], sort_keys=True)}")
