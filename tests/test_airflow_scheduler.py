@@ -268,6 +268,9 @@ def test_scheduled_runs_under_a_real_airflow(tmp_path, kafka_broker, s3_server, 
         table, rows = _run_table(airflow, store)
         print("\nruns (seconds per task):\n" + table)
         assert all(run["state"] == "success" for _, _, run, _ in rows), table
+        retried = [(run["dag_run_id"], t, ti["try_number"]) for _, _, run, tis in rows for t, ti in tis.items()
+                   if ti["try_number"] > 1]
+        assert retried == [], f"tasks that failed before they succeeded (see their attempt=1.log): {retried}"
         with_segments = [b for b in batches if b.segments]
         assert len(with_segments) >= 2 and sum(len(b.segments) for b in with_segments) == shipped
         for b in batches:                           # no trigger conf: every batch was a scheduled run's

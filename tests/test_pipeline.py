@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from collections import namedtuple
 
 import pytest
@@ -254,3 +256,22 @@ def test_driver_schema_source_reads_the_cluster_with_credentials(monkeypatch):
     assert seen["auth"].username == "cdc" and seen["auth"].password == "pw"
     with pytest.raises(ConfigError):
         P.load_schema(P.PipelineConfig(schema_source="driver"))
+
+
+def test_two_pipelines_on_one_worker_do_not_share_a_staging_directory(tmp_path):
+    """Batch ids repeat across stores (every store starts at b-0000000001). Staged under a name made of the batch
+    id alone, one pipeline's transform removed the segments another was reading (seen under a real scheduler
+    beside another pipeline's tests: FileNotFoundError in the Spark task, then a retry)."""
+    from cdc_lib.pipeline.steps import _stage_segments
+    staged = []
+    for name in ("a", "b"):
+        cfg = P.PipelineConfig(store_url=f"memory://stage-{name}", cluster="c1", staging_dir=str(tmp_path / "stage"))
+        store = P.open_store(cfg)
+        key = _put_segment(store, "n1", 1)
+        batch = P.Batch("b-0000000001", 1, "claimed", [{"key": key, "node": "n1", "name": _segment_name(1),
+                                                        "size": 100, "checksum": store.info(key).checksum}], NOW)
+        staged.append(_stage_segments(store, cfg, batch))
+    (paths_a, dir_a), (paths_b, dir_b) = staged
+    assert dir_a != dir_b
+    shutil.rmtree(dir_b)                                   # pipeline b's transform is done
+    assert all(os.path.isfile(p) for p in paths_a)         # pipeline a still reads its copies

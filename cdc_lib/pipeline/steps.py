@@ -169,22 +169,25 @@ def claim(config: PipelineConfig, run_id: str = "", *, fault: Fault = no_fault,
 def _stage_segments(store: ObjectStore, config: PipelineConfig, batch: Batch) -> tuple[list, Optional[str]]:
     """Local paths ``.../<node>/<segment>`` of the batch's segments (the job reads local files).
 
-    A local store is read in place. A remote store's segments are fetched (bounded by ``max_bytes``) and checked
-    against their sidecar checksum. Returns (paths, staging directory to remove afterwards).
+    A local store is read in place. A remote store's segments are fetched (bounded by ``max_bytes``) into a new
+    directory of this attempt's own and checked against their sidecar checksum: batch ids repeat across stores,
+    so a directory named after the batch alone would be shared (and removed) by two pipelines on one worker.
+    Returns (paths, staging directory to remove afterwards).
     """
     if store.local:
         return [os.path.join(store.root, *s["key"].split("/")) for s in batch.segments], None
-    base = Path(config.staging_dir or tempfile.gettempdir()) / f"cdc-stage-{batch.batch_id}"
+    if config.staging_dir:
+        os.makedirs(config.staging_dir, exist_ok=True)
+    base = Path(tempfile.mkdtemp(prefix=f"cdc-stage-{batch.batch_id}-", dir=config.staging_dir))
     paths = []
     for s in batch.segments:
         dest = base / s["node"] / s["name"]
         dest.parent.mkdir(parents=True, exist_ok=True)
-        if not (dest.exists() and sha256_file(dest)[0] == s["checksum"]):
-            with store.open(s["key"]) as src, open(dest, "wb") as out:
-                shutil.copyfileobj(src, out, MiB)
-            got = sha256_file(dest)[0]
-            if got != s["checksum"]:
-                raise PipelineError(f"{s['key']}: fetched copy hashes to {got}, sidecar says {s['checksum']}")
+        with store.open(s["key"]) as src, open(dest, "wb") as out:
+            shutil.copyfileobj(src, out, MiB)
+        got = sha256_file(dest)[0]
+        if got != s["checksum"]:
+            raise PipelineError(f"{s['key']}: fetched copy hashes to {got}, sidecar says {s['checksum']}")
         paths.append(str(dest))
     return paths, str(base)
 
