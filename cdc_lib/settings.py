@@ -1,14 +1,19 @@
 """The one settings model: what the agent and the pipeline are pointed at, and one way to load it.
 
 ``AgentConfig`` (YAML section ``agent:``) and ``PipelineConfig`` (section ``pipeline:``) are the consumers; the
-command line, the environment, a YAML file and the DAG params all fill them through ``load``.
+command line, the environment, a YAML file, and for the Airflow DAGs a trigger's conf, an Airflow Variable and
+the Airflow connections, all fill them through ``load``.
 
-One rule everywhere: **flags (or DAG params) > environment > YAML file > defaults**, and a key that names no
-setting is an error that names the key and where it came from (a typo must not be silently ignored). A settings class is a dataclass; ``load``
-fills it from those four sources and converts each value to the field's type, so every consumer gets typed,
-validated settings and a :class:`ConfigError` naming the source of any bad value.
+One rule everywhere: **flags (or a DAG run's conf) > named layers (the Airflow Variable and connections) >
+environment > YAML file > defaults**, and a key that names no setting is an error that names the key and where it
+came from (a typo must not be silently ignored). A settings class is a dataclass; ``load`` fills it from those
+sources and converts each value to the field's type, so every consumer gets typed, validated settings and a
+:class:`ConfigError` naming the source of any bad value.
 
 * Flags: a mapping of field name to value (``None`` means "not given", as argparse leaves it).
+* Layers: settings documents with a name, highest first, between the flags and the environment (the DAGs pass
+  the Airflow connections and the Variable ``cassandra_cdc_settings``; see ``cdc_lib.pipeline.airflow``). A
+  document has the YAML file's shape.
 * Environment: ``CASSANDRA_CDC_<FIELD>`` (upper case), e.g. ``CASSANDRA_CDC_STORE_URL``. Mapping fields take JSON
   (``CASSANDRA_CDC_STORAGE_OPTIONS='{"endpoint_url": "http://127.0.0.1:8333"}'``). A ``CASSANDRA_CDC_`` variable
   that no consumer has is an error (``CASSANDRA_CDC_CONFIG`` names the file).
@@ -26,7 +31,10 @@ validated settings and a :class:`ConfigError` naming the source of any bad value
 
 * Defaults: the dataclass defaults. A field without a default is required.
 
-A field may carry ``metadata={"parse": fn}`` to convert strings its own way (sizes, for example).
+A field may carry ``metadata={"parse": fn}`` to convert strings its own way (sizes, for example),
+``{"secret": True}`` (masked in ``to_dict``; the DAGs take it only from a connection, the environment or the
+file, never from params or a Variable, which Airflow shows in its UI) or ``{"parse_time": True}`` (read when a
+DAG file is parsed, not per run: the schedules).
 """
 from __future__ import annotations
 
@@ -39,14 +47,13 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional, TypeVar
+from typing import Any, Mapping, Optional, Sequence, TypeVar
 
 from .errors import ConfigError
 from .storage.layout import Layout
 
 ENV_PREFIX = "CASSANDRA_CDC_"
 CONFIG_FILE_ENV = ENV_PREFIX + "CONFIG"
-MiB = 1 << 20
 MiB = 1 << 20
 
 T = TypeVar("T")
@@ -179,13 +186,24 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 def load(cls: type[T], *, flags: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
          config_file: str | Path | None = None, section: str | None = None,
-         env_prefix: str = ENV_PREFIX, flags_source: str = "flag") -> T:
-    """An instance of settings class ``cls`` from flags > environment > YAML file > defaults.
+         env_prefix: str = ENV_PREFIX, flags_source: str = "flag",
+         layers: Sequence[tuple[str, Mapping[str, Any]]] = ()) -> T:
+    """An instance of settings class ``cls`` from flags > layers > environment > YAML file > defaults.
 
     ``env`` defaults to ``os.environ``; ``config_file`` defaults to ``$CASSANDRA_CDC_CONFIG`` if set. ``section``
     names this consumer's YAML section (default: the class's own, ``"agent"`` or ``"pipeline"``).
-    ``flags_source`` says where the flags came from in error messages (``"flag"``, ``"DAG params"``).
+    ``flags_source`` says where the flags came from in error messages (``"flag"``, ``"trigger conf"``).
+    ``layers``: (name, settings document) pairs, highest first; a document has the YAML file's shape.
     """
+    return load_with_sources(cls, flags=flags, env=env, config_file=config_file, section=section,
+                             env_prefix=env_prefix, flags_source=flags_source, layers=layers)[0]
+
+
+def load_with_sources(cls: type[T], *, flags: Mapping[str, Any] | None = None,
+                      env: Mapping[str, str] | None = None, config_file: str | Path | None = None,
+                      section: str | None = None, env_prefix: str = ENV_PREFIX, flags_source: str = "flag",
+                      layers: Sequence[tuple[str, Mapping[str, Any]]] = ()) -> tuple[T, dict[str, str]]:
+    """``load``, and where each setting that is not a default came from (field name -> source)."""
     if not dataclasses.is_dataclass(cls):
         raise TypeError(f"{cls!r} is not a dataclass")
     env = os.environ if env is None else env
@@ -197,8 +215,9 @@ def load(cls: type[T], *, flags: Mapping[str, Any] | None = None, env: Mapping[s
     if config_file is None:
         config_file = env.get(CONFIG_FILE_ENV) or None
     if config_file is not None:
-        for key, value in _file_settings(config_file, fields, section).items():
-            values[key] = (value, f"config file {config_file}")
+        where = f"config file {config_file}"
+        for key, value in document_settings(read_yaml(config_file), where, fields, section).items():
+            values[key] = (value, where)
 
     for var in env:
         if not var.startswith(env_prefix) or var == CONFIG_FILE_ENV:
@@ -209,6 +228,11 @@ def load(cls: type[T], *, flags: Mapping[str, Any] | None = None, env: Mapping[s
         elif name not in _known_keys() and var not in OTHER_ENV:
             raise ConfigError(f"unknown setting in the environment: {var} (no consumer has {name!r}; "
                               f"see cdc_lib.settings)")
+
+    for where, document in reversed(layers):       # lowest first, so that a higher layer overwrites
+        for key, value in document_settings(document, where, fields, section).items():
+            if value is not None:
+                values[key] = (value, where)
 
     for name, value in (flags or {}).items():
         if name not in fields:
@@ -226,16 +250,20 @@ def load(cls: type[T], *, flags: Mapping[str, Any] | None = None, env: Mapping[s
         hint = ", ".join(f"--{m.replace('_', '-')} / {env_prefix}{m.upper()}" for m in missing)
         raise ConfigError(f"{cls.__name__}: missing required setting(s): {hint}")
     try:
-        return cls(**kwargs)
+        instance = cls(**kwargs)
     except ConfigError:
         raise
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{cls.__name__}: {e}") from None
+    return instance, {name: source for name, (_, source) in values.items()}
 
 
-def _file_settings(config_file, fields: dict, section: str | None) -> dict[str, Any]:
-    """This consumer's settings from the YAML file: its top-level keys, then its section over them."""
-    data = read_yaml(config_file)
+def document_settings(data: Mapping[str, Any], where: str, fields: Mapping[str, Any],
+                      section: str | None) -> dict[str, Any]:
+    """A consumer's settings from one settings document (the YAML file, an Airflow Variable): its top-level
+    keys, then its section over them. ``where`` names the document in errors."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where} must hold a mapping of settings, not {type(data).__name__}")
     ours: dict[str, Any] = {}
     for key, value in data.items():
         if key in fields:
@@ -243,14 +271,14 @@ def _file_settings(config_file, fields: dict, section: str | None) -> dict[str, 
         elif key in SECTIONS.values() or key in _known_keys():
             continue  # a consumer's section (ours is read below), or another consumer's setting
         else:
-            raise ConfigError(f"config file {config_file}: unknown setting {key!r} (no consumer has it)")
+            raise ConfigError(f"{where}: unknown setting {key!r} (no consumer has it)")
     if section is not None and section in data:
         sect = data[section] or {}
-        if not isinstance(sect, dict):
-            raise ConfigError(f"config file {config_file}: section {section!r} must be a mapping")
+        if not isinstance(sect, Mapping):
+            raise ConfigError(f"{where}: section {section!r} must be a mapping")
         for key, value in sect.items():
             if key not in fields:
-                raise ConfigError(f"config file {config_file}: unknown setting {section}.{key}")
+                raise ConfigError(f"{where}: unknown setting {section}.{key}")
             ours[key] = value
     return ours
 
@@ -260,6 +288,15 @@ def _known_keys() -> set:
 
 
 # ---------------------------------------------------------------------------------------------------- consumers
+
+
+def _relative_local_path(url: str) -> bool:
+    """True for a local path (no scheme, or file://) that is not absolute (``~`` counts as absolute)."""
+    if "://" in url and not url.startswith("file://"):
+        return False
+    path = url.removeprefix("file://")
+    return not (os.path.isabs(path) or path.startswith("~"))
+
 
 
 @dataclass
@@ -301,14 +338,21 @@ class AgentConfig:
             pass
 
 
+SECRET = {"secret": True}           # field metadata: see the module docstring
+PARSE_TIME = {"parse_time": True}
+
+
 @dataclass
 class PipelineConfig:
-    """Pipeline settings (section ``pipeline:``): the DAG builds one from its params and Airflow connections."""
+    """Pipeline settings (section ``pipeline:``); the DAGs build one per task (``cdc_lib.pipeline.airflow``).
 
-    store_url: str = "./cdc-data"              # local directory (embedded default) or s3://bucket/prefix
+    Local paths must be absolute: the steps run in Airflow workers whose working directory is nobody's choice.
+    """
+
+    store_url: Optional[str] = None            # absolute local directory or s3://bucket/prefix; required to run
     s3_endpoint_url: Optional[str] = None      # S3 endpoint (SeaweedFS, MinIO...); None: AWS / AWS_* env
-    s3_access_key: Optional[str] = None
-    s3_secret_key: Optional[str] = None
+    s3_access_key: Optional[str] = field(default=None, metadata=SECRET)
+    s3_secret_key: Optional[str] = field(default=None, metadata=SECRET)
     s3_region: str = "us-east-1"
     s3_timeout_s: float = 30.0                 # connect/read timeout of one S3 request
     cluster: str = "cluster1"
@@ -317,7 +361,7 @@ class PipelineConfig:
     cassandra_hosts: list = field(default_factory=list)
     cassandra_port: int = 9042
     cassandra_username: Optional[str] = None
-    cassandra_password: Optional[str] = None
+    cassandra_password: Optional[str] = field(default=None, metadata=SECRET)
     kafka_bootstrap: str = "127.0.0.1:9092"
     kafka_format: str = "json"                 # json | avro (Confluent wire format with schema_registry_url,
                                                # Avro single-object encoding without)
@@ -334,23 +378,44 @@ class PipelineConfig:
     staging_dir: Optional[str] = None          # where segments of a remote store are fetched to
     now: Optional[int] = None                  # fixed processing time (seconds) for tests/demo; None: wall clock
     sweep_interval_s: int = 300                # an empty run sweeps TTL expiries this long after the last batch
-    vacuum_retention_hours: int = 168          # maintenance: Delta history vacuum keeps (Delta's 7-day default)
+    warn_no_segments_s: int = 3600             # claim warns when no segment arrived for this long (0: never)
+    vacuum_retention_hours: int = 168          # Delta history the maintenance DAG keeps
     app_id: str = "cassandra-cdc"
     kafka_conn_id: str = "cassandra_cdc_kafka"          # Airflow connections the DAG reads (see pipeline.airflow)
     s3_conn_id: str = "cassandra_cdc_s3"
     cassandra_conn_id: str = "cassandra_cdc_cassandra"
+    # When the DAG files are parsed (not per run): a cron expression, a preset (@hourly), a duration (30s, 5m,
+    # 2h) or none (manual runs only).
+    schedule: Optional[str] = field(default="* * * * *", metadata=PARSE_TIME)
+    maintenance_schedule: Optional[str] = field(default="@hourly", metadata=PARSE_TIME)
+
+    def __post_init__(self) -> None:
+        for name in ("store_url", "schema_file", "staging_dir"):
+            value = getattr(self, name)
+            if value is not None and _relative_local_path(value):
+                raise ConfigError(
+                    f"{name} {value!r} is a relative path: the pipeline's steps run in worker processes whose "
+                    f"working directory is not yours (under Airflow, the scheduler's or worker's), so it would "
+                    f"resolve to {os.path.abspath(value.removeprefix('file://'))!r}. Give an absolute path"
+                    + (" or a URL such as s3://bucket/prefix" if name == "store_url" else ""))
+        if self.schema_source not in ("cql", "driver"):
+            raise ConfigError(f"schema_source must be 'cql' or 'driver', got {self.schema_source!r}")
+        if self.warn_no_segments_s < 0:
+            raise ConfigError(f"warn_no_segments_s must be >= 0 (0: never warn), got {self.warn_no_segments_s}")
 
     @classmethod
     def from_mapping(cls, values: dict, source: str = "DAG params") -> "PipelineConfig":
-        """From ``values`` (DAG params, JSON) through ``load``: None and "" keep the default; a key that names no
-        setting is an error naming it."""
+        """From ``values`` (JSON, a script's dict) through ``load``: None and "" keep the default; a key that
+        names no setting is an error naming it. The environment and files are not read."""
         given = {k: (None if v == "" else v) for k, v in (values or {}).items()}
         return load(cls, flags=given, env={}, flags_source=source)
 
     def to_dict(self) -> dict:
+        """The settings as a dict, secrets masked (safe to log)."""
         d = dataclasses.asdict(self)
-        d["s3_secret_key"] = "***" if self.s3_secret_key else None
-        d["cassandra_password"] = "***" if self.cassandra_password else None
+        for f in dataclasses.fields(self):
+            if f.metadata.get("secret") and d[f.name]:
+                d[f.name] = "***"
         return d
 
     @property

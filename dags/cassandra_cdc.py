@@ -1,13 +1,14 @@
 """Airflow 3 DAG ``cassandra_cdc``: claim new segments -> Spark job -> publish to Kafka -> archive.
 
 Only wiring: every task calls a step of ``cdc_lib.pipeline`` (read its docstring for what each step does and
-why each is idempotent). Settings are DAG params (defaults = the embedded setup; override with
-``--conf``/the trigger form); Kafka, S3 and Cassandra come from the Airflow connections named by the
-``*_conn_id`` params when those exist. A run that finds nothing to do stops after ``claim`` (short-circuit).
+why each is idempotent). Settings (``cdc_lib.pipeline.airflow``): a run's conf > the Airflow connections and the
+Variable ``cassandra_cdc_settings`` > ``CASSANDRA_CDC_*`` environment > the settings file (``CASSANDRA_CDC_CONFIG``)
+> defaults; the params are empty unless a manual trigger fills them. The schedule is the ``schedule`` setting
+(every minute by default), read when this file is parsed. ``claim`` fails at once when the settings cannot work
+and warns when agents ship nothing; a run that finds nothing to do stops after it (short-circuit).
 """
 from __future__ import annotations
 
-import os
 import sys
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -18,15 +19,13 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:          # cdc_lib / spark_jobs from the repository when not pip-installed
     sys.path.insert(0, str(REPO))
 
-from cdc_lib.pipeline.airflow import airflow_params  # noqa: E402
+from cdc_lib.pipeline.airflow import airflow_params, dag_schedules  # noqa: E402
 from cdc_lib.pipeline.airflow import config_from_airflow_context as _config
-
-SCHEDULE = os.environ.get("CASSANDRA_CDC_SCHEDULE", "* * * * *")
 
 
 @dag(
     dag_id="cassandra_cdc",
-    schedule=SCHEDULE,
+    schedule=dag_schedules()[0],
     start_date=datetime(2025, 1, 1),
     catchup=False,
     max_active_runs=1,
@@ -41,28 +40,26 @@ def cassandra_cdc():
         from airflow.sdk import get_current_context
 
         from cdc_lib.pipeline.steps import claim as claim_step
-        batch = claim_step(_config(), get_current_context()["run_id"])
+        batch = claim_step(_config(show=True), get_current_context()["run_id"])
         if batch.empty:
             print("nothing to do: no new segments")
             return {}                                 # falsy: skip the rest of the run
-        return batch.to_dict()
+        return batch.summary()
 
     @task
     def transform(batch: dict) -> dict:
         from cdc_lib.pipeline.steps import transform as transform_step
-        return transform_step(_config(), batch).to_dict()
+        return transform_step(_config(), batch).summary()
 
     @task
     def publish(batch: dict) -> dict:
         from cdc_lib.pipeline.steps import publish as publish_step
-        return publish_step(_config(), batch).to_dict()
+        return publish_step(_config(), batch).summary()
 
     @task
     def archive(batch: dict) -> dict:
         from cdc_lib.pipeline.steps import archive as archive_step
-        done = archive_step(_config(), batch)
-        print("batch summary:", done.steps)
-        return done.to_dict()
+        return archive_step(_config(), batch).summary()
 
     archive(publish(transform(claim())))
 

@@ -5,6 +5,7 @@ the next ``cassandra_cdc`` run claims it instead of new segments, writes an 'r' 
 of the Delta state tables (the state exactly as the previous batch committed it) to the outbox, and publishes
 it exactly once like any batch. Every change in segments not yet processed comes in the batches after it, so
 consumers see snapshot + stream without a gap or an overlap (see the module docstring of ``cdc_lib.pipeline``).
+Settings as for ``cassandra_cdc`` (``cdc_lib.pipeline.airflow``).
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def cassandra_cdc_backfill():
     @task
     def request_snapshot() -> dict:
         from cdc_lib.pipeline.backfill import request_snapshot as request
-        return request(_config())
+        return request(_config(show=True))
 
     request_snapshot()
 

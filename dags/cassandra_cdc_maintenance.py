@@ -2,7 +2,9 @@
 
 The sweep is requested here and performed by the next ``cassandra_cdc`` run as a batch without segments, so
 it is serialized with the other batches (``cassandra_cdc`` has ``max_active_runs=1``) and its expiry events
-are published exactly once like every other event (``cdc_lib.pipeline.request_sweep``).
+are published exactly once like every other event (``cdc_lib.pipeline.request_sweep``). Settings as for
+``cassandra_cdc`` (``cdc_lib.pipeline.airflow``); the schedule is the ``maintenance_schedule`` setting (hourly by
+default), vacuum keeps ``vacuum_retention_hours`` of Delta history.
 """
 from __future__ import annotations
 
@@ -16,13 +18,13 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from cdc_lib.pipeline.airflow import airflow_params  # noqa: E402
+from cdc_lib.pipeline.airflow import airflow_params, dag_schedules  # noqa: E402
 from cdc_lib.pipeline.airflow import config_from_airflow_context as _config
 
 
 @dag(
     dag_id="cassandra_cdc_maintenance",
-    schedule="@hourly",
+    schedule=dag_schedules()[1],
     start_date=datetime(2025, 1, 1),
     catchup=False,
     max_active_runs=1,
@@ -34,13 +36,12 @@ def cassandra_cdc_maintenance():
     @task
     def expiry_sweep() -> dict:
         from cdc_lib.pipeline.maintenance import request_sweep
-        return request_sweep(_config())
+        return request_sweep(_config(show=True))
 
     @task
     def delta_upkeep() -> dict:
         from cdc_lib.pipeline.maintenance import delta_upkeep as upkeep
-        config = _config()
-        return upkeep(config, vacuum_retention_hours=config.vacuum_retention_hours)
+        return upkeep(_config())
 
     expiry_sweep() >> delta_upkeep()
 

@@ -6,6 +6,8 @@ The process management (start on free 127.0.0.1 ports, readiness checks, stop by
 Pytest fixtures (session-scoped servers, function-scoped names):
     kafka_broker -> str bootstrap address; kafka_topic -> a new 1-partition topic name on it
     s3_server -> S3Server; s3_bucket -> a new empty bucket name on it
+Reading what the pipeline published:
+    consume_topic(bootstrap, topic) -> [Record(event_id, batch, key, value)] of partition 0, to its end
 Not servers, but the same kind of environment plumbing:
     spark_session -> the process's one local[2] SparkSession (LOCAL_SPARK_CONF; PYSPARK_PYTHON = this
                      interpreter); getOrCreate per test, stopped at the end of the session
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections import namedtuple
 import shutil
 import subprocess
 import sys
@@ -34,8 +37,36 @@ __all__ = [
     "run_kafka_broker", "run_s3_server", "tansu_binary", "weed_binary", "free_port",
     "KAFKA_GROUP_CONSUMER_CONFIG",
     "LOCAL_SPARK_CONF", "get_local_spark_session", "local_spark_session", "airflow_env", "migrated_airflow_home",
-    "kafka_broker", "kafka_topic", "s3_server", "s3_bucket", "spark_session", "airflow_home",
+    "kafka_broker", "kafka_topic", "s3_server", "s3_bucket", "spark_session", "airflow_home", "consume_topic",
 ]
+
+
+Record = namedtuple("Record", "event_id batch key value")
+
+
+def consume_topic(bootstrap: str, topic: str) -> list:
+    """Every record of ``topic`` partition 0: its ``cdc-event-id`` and ``cdc-batch`` headers, key text and value
+    JSON (None for a tombstone)."""
+    import json
+
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{uuid.uuid4().hex}",
+                  "enable.auto.commit": False, "enable.partition.eof": True, "fetch.wait.max.ms": 10})
+    out = []
+    try:
+        c.assign([TopicPartition(topic, 0, 0)])
+        while True:
+            m = c.poll(5)
+            assert m is not None, f"no end of partition from {topic}"
+            if m.error():
+                assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
+                return out
+            headers = dict(m.headers())
+            out.append(Record(headers["cdc-event-id"].decode(), headers["cdc-batch"].decode(), m.key().decode(),
+                              json.loads(m.value()) if m.value() is not None else None))
+    finally:
+        c.close()
 
 
 # ------------------------------------------------------------------------------------------ Spark and Airflow

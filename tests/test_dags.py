@@ -3,12 +3,16 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from cdc_lib.pipeline.airflow import config_from_params, default_params
+from cdc_lib.errors import ConfigError
+from cdc_lib.pipeline.airflow import dag_schedules, describe_settings, pipeline_config, run_setting_names
 from cdc_lib.settings import PipelineConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,15 +67,17 @@ def test_main_dag_schedule_and_task_order(dagbag):
     assert type(dag.get_task("claim")).__name__.startswith("_ShortCircuit")
 
 
-def test_params_are_the_pipeline_settings_with_defaults(dagbag):
+def test_params_are_empty_so_scheduled_runs_take_the_deployments_settings(dagbag):
+    """A scheduled run gets the params' defaults: they must be empty, or they would pin every scheduled run."""
     for dag_id in ("cassandra_cdc", "cassandra_cdc_maintenance", "cassandra_cdc_backfill"):
         params = dagbag.dags[dag_id].params
-        for name, value in default_params().items():
-            assert name in params, (dag_id, name)
-            assert params[name] == value, (dag_id, name)
-    # the defaults give the embedded setup's config
-    dag_params = {k: dagbag.dags["cassandra_cdc"].params[k] for k in default_params()}
-    assert config_from_params(dag_params, lambda conn_id: None) == PipelineConfig()
+        assert set(params.keys()) == set(run_setting_names()), dag_id
+        assert all(params[name] is None for name in run_setting_names()), dag_id
+        for secret in ("s3_access_key", "s3_secret_key", "cassandra_password"):
+            assert secret not in params, (dag_id, secret)      # the UI shows params
+    scheduled = {k: dagbag.dags["cassandra_cdc"].params[k] for k in run_setting_names()}
+    cfg, _ = pipeline_config(scheduled, None, lambda conn_id: None, env={"CASSANDRA_CDC_STORE_URL": "s3://b/p"})
+    assert cfg.store_url == "s3://b/p"
 
 
 def test_every_dags_params_as_its_tasks_get_them_make_a_pipeline_config(dagbag):
@@ -79,7 +85,8 @@ def test_every_dags_params_as_its_tasks_get_them_make_a_pipeline_config(dagbag):
     maintenance DAG's vacuum_retention_hours did, once settings rejected unknown keys)."""
     for dag_id in ("cassandra_cdc", "cassandra_cdc_maintenance", "cassandra_cdc_backfill"):
         params = dagbag.dags[dag_id].params
-        assert config_from_params({k: params[k] for k in params.keys()}, lambda conn_id: None) == PipelineConfig()
+        cfg, _ = pipeline_config({k: params[k] for k in params.keys()}, None, lambda conn_id: None, env={})
+        assert cfg == PipelineConfig()
     assert PipelineConfig.from_mapping({"vacuum_retention_hours": 24}).vacuum_retention_hours == 24
 
 
@@ -92,28 +99,96 @@ def test_maintenance_and_backfill_wiring(dagbag):
     assert _order(b) == ["request_snapshot"]
 
 
-def test_connections_override_params():
-    """Kafka, S3 and Cassandra come from Airflow connections when they exist; params otherwise."""
-    conns = {
-        "cassandra_cdc_kafka": SimpleNamespace(host="k1:9092,k2:9092", port=None, login=None, password=None,
-                                               extra_dejson={"schema_registry_url": "http://sr:8081"}),
-        "cassandra_cdc_s3": SimpleNamespace(host=None, port=None, login="AK", password="SK",
-                                            extra_dejson={"endpoint_url": "http://minio:9000",
-                                                          "region_name": "eu-west-1"}),
-        "cassandra_cdc_cassandra": SimpleNamespace(host="c1,c2", port=9142, login="u", password="p",
-                                                   extra_dejson={}),
-    }
-    cfg = config_from_params({**default_params(), "store_url": "s3://b/p", "max_segments": "5"}, conns.get)
+CONNECTIONS = {
+    "cassandra_cdc_kafka": SimpleNamespace(host="k1:9092,k2:9092", port=None, login=None, password=None,
+                                           extra_dejson={"schema_registry_url": "http://sr:8081"}),
+    "cassandra_cdc_s3": SimpleNamespace(host=None, port=None, login="AK", password="SK",
+                                        extra_dejson={"endpoint_url": "http://minio:9000", "region_name": "eu-west-1"}),
+    "cassandra_cdc_cassandra": SimpleNamespace(host="c1,c2", port=9142, login="u", password="p", extra_dejson={}),
+}
+
+
+def test_connections_give_endpoints_and_credentials():
+    cfg, sources = pipeline_config({"store_url": "s3://b/p", "max_segments": "5"}, None, CONNECTIONS.get, env={})
     assert cfg.kafka_bootstrap == "k1:9092,k2:9092"
     assert cfg.schema_registry_url == "http://sr:8081"
     assert (cfg.s3_access_key, cfg.s3_secret_key, cfg.s3_endpoint_url, cfg.s3_region) == \
         ("AK", "SK", "http://minio:9000", "eu-west-1")
     assert cfg.cassandra_hosts == ["c1", "c2"] and cfg.cassandra_port == 9142
     assert cfg.max_segments == 5
+    assert sources["s3_secret_key"] == "Airflow connection cassandra_cdc_s3"
     delta = cfg.delta_options()
     assert delta["AWS_ENDPOINT_URL"] == "http://minio:9000" and delta["AWS_ALLOW_HTTP"] == "true"
     assert cfg.fs_options()["client_kwargs"]["endpoint_url"] == "http://minio:9000"
-    assert "SK" not in json.dumps(cfg.to_dict())          # secrets never reach logs via to_dict
-    # without connections, the params stand
-    plain = config_from_params({**default_params(), "kafka_bootstrap": "127.0.0.1:1234"}, lambda c: None)
-    assert plain.kafka_bootstrap == "127.0.0.1:1234" and plain.s3_access_key is None
+    assert "SK" not in json.dumps(cfg.to_dict()) and "'p'" not in describe_settings(cfg, sources)
+    # without connections, the defaults stand
+    plain, _ = pipeline_config({}, None, lambda c: None, env={})
+    assert plain.kafka_bootstrap == "127.0.0.1:9092" and plain.s3_access_key is None
+
+
+def test_precedence_conf_connections_variable_env_file_defaults(tmp_path):
+    """Each source overrides the ones below it, setting by setting; the report names each setting's source."""
+    settings_file = tmp_path / "cdc.yaml"
+    settings_file.write_text("store_url: /from/file\ncluster: file\ntopic_prefix: file\nmax_segments: 1\n"
+                             "max_bytes: 1\nkafka_bootstrap: file:1\ncdc_raw: /agent/only\n")
+    env = {"CASSANDRA_CDC_CONFIG": str(settings_file), "CASSANDRA_CDC_CLUSTER": "env",
+           "CASSANDRA_CDC_TOPIC_PREFIX": "env", "CASSANDRA_CDC_MAX_SEGMENTS": "2", "CASSANDRA_CDC_KAFKA_BOOTSTRAP": "env:1"}
+    variable = json.dumps({"topic_prefix": "variable", "max_segments": 3, "kafka_bootstrap": "variable:1"})
+    conf = {"max_segments": 4, "store_url": None, "cluster": ""}            # None and "" are "not given"
+    cfg, sources = pipeline_config(conf, variable, CONNECTIONS.get, env=env)
+    assert (cfg.store_url, cfg.max_bytes) == ("/from/file", 1)
+    assert cfg.cluster == "env"
+    assert cfg.topic_prefix == "variable"
+    assert cfg.kafka_bootstrap == "k1:9092,k2:9092"                         # the connection over the Variable
+    assert cfg.max_segments == 4
+    assert cfg.sweep_interval_s == PipelineConfig().sweep_interval_s
+    assert sources["max_segments"] == "trigger conf 'max_segments'"
+    assert sources["topic_prefix"] == "Airflow Variable cassandra_cdc_settings"
+    assert sources["cluster"] == "environment CASSANDRA_CDC_CLUSTER"
+    assert sources["store_url"] == f"config file {settings_file}"
+    assert "sweep_interval_s" not in sources
+
+
+def test_the_variable_may_be_yaml_and_name_the_connections():
+    variable = "store_url: s3://b/p\npipeline:\n  kafka_conn_id: other_kafka\n"
+    conns = {"other_kafka": SimpleNamespace(host="other:9092", port=None, login=None, password=None,
+                                            extra_dejson={})}
+    cfg, _ = pipeline_config({}, variable, conns.get, env={})
+    assert (cfg.store_url, cfg.kafka_bootstrap) == ("s3://b/p", "other:9092")
+
+
+@pytest.mark.parametrize("where", ["conf", "variable"])
+@pytest.mark.parametrize("name", ["s3_secret_key", "s3_access_key", "cassandra_password"])
+def test_secrets_are_refused_where_airflow_shows_them(where, name):
+    conf, variable = ({name: "x"}, None) if where == "conf" else ({}, json.dumps({"pipeline": {name: "x"}}))
+    with pytest.raises(ConfigError, match=f"{name} is a secret"):
+        pipeline_config(conf, variable, lambda c: None, env={})
+
+
+def test_schedules_come_from_the_environment_or_the_file(tmp_path):
+    assert dag_schedules({}) == ("* * * * *", "@hourly")
+    assert dag_schedules({"CASSANDRA_CDC_SCHEDULE": "20s", "CASSANDRA_CDC_MAINTENANCE_SCHEDULE": "none"}) == \
+        (timedelta(seconds=20), None)
+    f = tmp_path / "cdc.yaml"
+    f.write_text("pipeline: {schedule: '*/5 * * * *'}\n")
+    assert dag_schedules({"CASSANDRA_CDC_CONFIG": str(f)})[0] == "*/5 * * * *"
+    with pytest.raises(ConfigError, match="schedule is read when the DAG file is parsed"):
+        pipeline_config({"schedule": "5m"}, None, lambda c: None, env={})
+
+
+def test_the_schedule_setting_reaches_the_parsed_dag(tmp_path):
+    """What the dag-processor does: parse the DAG file with CASSANDRA_CDC_SCHEDULE in its environment."""
+    code = ("from airflow.dag_processing.dagbag import DagBag; import sys; "
+            f"b = DagBag({str(REPO / 'dags')!r}); assert not b.import_errors, b.import_errors; "
+            "print(repr(b.dags['cassandra_cdc'].timetable), repr(b.dags['cassandra_cdc_maintenance'].timetable))")
+    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+           "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{tmp_path}/airflow.db",
+           "CASSANDRA_CDC_SCHEDULE": "20s", "CASSANDRA_CDC_MAINTENANCE_SCHEDULE": "*/7 * * * *",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "timedelta(seconds=20)" in out.stdout and "*/7 * * * *" in out.stdout, out.stdout
+    env["CASSANDRA_CDC_SCHEDULE"] = "soon"
+    bad = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0       # a bad setting is the DAG's import error (the UI shows it), not a default
+    assert "soon" in bad.stderr and "(from environment CASSANDRA_CDC_SCHEDULE) is not a cron expression" in bad.stderr

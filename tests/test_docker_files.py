@@ -62,6 +62,16 @@ def test_airflow_gets_connections_and_the_dags():
     assert any(v.startswith("../dags:") for v in airflow["volumes"])
 
 
+def test_airflow_processes_what_the_agent_ships():
+    """Scheduled runs have no conf: the store and the cluster must reach them as settings, the agent's own."""
+    services = _compose()["services"]
+    env = services[_find(services, "airflow")]["environment"]
+    cmd = services[_find(services, "agent")]["command"]
+    assert env["CASSANDRA_CDC_STORE_URL"] == cmd[cmd.index("--store-url") + 1]
+    assert env["CASSANDRA_CDC_CLUSTER"] == cmd[cmd.index("--cluster") + 1]
+    assert env["CASSANDRA_CDC_SCHEMA_SOURCE"] == "driver" and "AIRFLOW_CONN_CASSANDRA_CDC_CASSANDRA" in env
+
+
 def _copy_sources(dockerfile: Path) -> list:
     out = []
     for line in dockerfile.read_text().splitlines():

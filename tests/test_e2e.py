@@ -7,13 +7,12 @@ event is in Kafka once although every write was logged by three replicas.
 """
 from __future__ import annotations
 
-import json
 import uuid
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
 from event_invariant import check_events
 from reference_model import json_table, published_states
 from reference_model import visible_table as model_table
+from servers import consume_topic
 
 from cdc_lib import pipeline as P
 from cdc_lib.agent.shipper import Agent
@@ -22,23 +21,6 @@ from cdc_lib.demo.workload import SAMPLE_SCHEMA_CQL, Workload, sample_schema, wr
 from cdc_lib.settings import AgentConfig
 from cdc_lib.sinks.kafka import table_topic
 from cdc_lib.storage.layout import Layout
-
-
-def _consume(bootstrap: str, topic: str) -> list:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"e2e-{uuid.uuid4().hex}", "enable.auto.commit": False,
-                  "enable.partition.eof": True, "fetch.wait.max.ms": 10})
-    out = []
-    try:
-        c.assign([TopicPartition(topic, 0, 0)])
-        while True:
-            m = c.poll(5)
-            assert m is not None, f"no end of partition from {topic}"
-            if m.error():
-                assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
-                return out
-            out.append((dict(m.headers())["cdc-event-id"].decode(), m.key().decode(), json.loads(m.value())))
-    finally:
-        c.close()
 
 
 def test_segments_to_kafka_through_the_real_dag(tmp_path, s3_server, s3_bucket, kafka_broker):
@@ -80,16 +62,16 @@ def test_segments_to_kafka_through_the_real_dag(tmp_path, s3_server, s3_bucket, 
     for t in schema.tables.values():
         if t.keyspace.startswith("system"):
             continue
-        records = _consume(kafka_broker, table_topic(cfg.topic_prefix, t.keyspace, t.name))
-        ids = [r[0] for r in records]
+        records = consume_topic(kafka_broker, table_topic(cfg.topic_prefix, t.keyspace, t.name))
+        ids = [r.event_id for r in records]
         assert len(ids) == len(set(ids)), f"{t.name}: an event is in Kafka twice"
         replayed: dict = {}
-        for _, key, event in records:
-            assert event["source"]["table"] == t.name
-            if event["after"] is None:
-                replayed.pop(key, None)
+        for r in records:
+            assert r.value["source"]["table"] == t.name
+            if r.value["after"] is None:
+                replayed.pop(r.key, None)
             else:
-                replayed[key] = event["after"]
+                replayed[r.key] = r.value["after"]
         assert replayed == json_table(t, model_table(t, cw.mutations, now)), t.name
         # one batch saw every mutation: the topic is the table's whole history, mutation after mutation
         check_events([(key, event) for _, key, event in records], published_states(t, [cw.mutations], [now]),

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from collections import namedtuple
 
 import pytest
@@ -37,6 +38,7 @@ def _put_segment(store: ObjectStore, node: str, i: int, size: int = 100, complet
 @pytest.fixture
 def cfg(tmp_path) -> P.PipelineConfig:
     (tmp_path / "schema.cql").write_text(SAMPLE_SCHEMA_CQL)
+    (tmp_path / "store").mkdir()          # made by the agents (the pipeline never creates its store)
     return P.PipelineConfig(store_url=str(tmp_path / "store"), cluster="c1", schema_file=str(tmp_path / "schema.cql"),
                             now=NOW)
 
@@ -307,7 +309,6 @@ def test_torn_segment_its_whole_entries_become_events_and_the_segment_is_quarant
 def test_staging_of_remote_segments_is_private_to_each_attempt(tmp_path):
     """Batch ids repeat across stores: two pipelines on one worker staging batch 1 at once must not share (and
     then delete) each other's files. (The demo's first transform failed that way next to another pipeline.)"""
-    import shutil
     import uuid
 
     from cdc_lib.pipeline.steps import _stage_segments

@@ -271,13 +271,14 @@ def summarize(store, cw) -> dict:
     by_op: dict = {}
     by_table: dict = {}
     s = {"batches": 0, "segments": 0, "events": 0, "published": 0, "already_in_kafka": 0, "quarantined": 0,
-         "archived": 0, "sweep_batches": 0, "snapshot_batches": 0}
+         "archived": 0, "sweep_batches": 0, "expiry_events": 0, "snapshot_batches": 0}
     for b in _batches(store):
         s["batches"] += 1
         s["segments"] += len(b.segments)
         s["sweep_batches"] += int(b.sweep)
         s["snapshot_batches"] += int(b.snapshot)
         pub = b.steps.get("publish", {})
+        s["expiry_events"] += pub.get("events", 0) if b.sweep else 0
         s["events"] += pub.get("events", 0)
         s["published"] += pub.get("produced", 0)
         s["already_in_kafka"] += pub.get("already_in_kafka", 0)
@@ -301,7 +302,8 @@ def _print_summary(s: dict, store_url: str) -> None:
     print(f"    commit-log entries (3 nodes) {s['commit_log_entries']}")
     print(f"    replica copies dropped       {s['replica_copies_dropped']}")
     print(f"    batches / segments           {s['batches']} / {s['segments']} (archived {s['archived']}, "
-          f"sweep batches {s['sweep_batches']}, snapshot batches {s['snapshot_batches']})")
+          f"sweep batches {s['sweep_batches']} with {s['expiry_events']} TTL expiry events, snapshot batches "
+          f"{s['snapshot_batches']})")
     print(f"    events published             {s['events']} (produced {s['published']}, already in Kafka "
           f"{s['already_in_kafka']})")
     print(f"    events by op                 {json.dumps(s['by_op'], sort_keys=True)}")
@@ -352,7 +354,7 @@ def run_demo(n_mutations: int = 2000, workdir: Path = DEFAULT_WORKDIR, seed: int
     from cdc_lib.settings import AgentConfig, PipelineConfig
 
     from .servers import run_kafka_broker, run_s3_server
-    from .workload import SAMPLE_SCHEMA_CQL, Workload, sample_schema, write_cluster_segments
+    from .workload import SAMPLE_SCHEMA_CQL, Workload, clock_start_us, sample_schema, write_cluster_segments
     t_start = time.monotonic()
     work = Path(workdir)
     _prepare_workdir(work)
@@ -364,7 +366,7 @@ def run_demo(n_mutations: int = 2000, workdir: Path = DEFAULT_WORKDIR, seed: int
              + ")")
         with _step(f"generating {n_mutations} writes on 3 nodes, RF 3 (sample schema: {schema_file})") as notes:
             schema = sample_schema()
-            workload = Workload(schema, seed=seed)
+            workload = Workload(schema, seed=seed, start_us=clock_start_us())   # dated now: TTLs run out later
             cw = write_cluster_segments(work / "cassandra", schema, n_mutations, seed=seed, workload=workload,
                                         segment_size=256 * 1024)
             notes.append(", ".join(f"{node}: {len(paths)} segments" for node, paths in sorted(cw.segments.items()))

@@ -15,6 +15,7 @@ import decimal
 import ipaddress
 import os
 import random
+import time
 import uuid
 from dataclasses import dataclass, field
 from functools import cmp_to_key
@@ -105,7 +106,18 @@ CREATE TABLE shop.all_types (
     AND cdc = true;
 """
 
-START_US = 1_763_000_000_000_000      # 2025-11-13, client timestamps in microseconds
+# When generated writes start (client timestamps in microseconds). Two datings:
+# * START_US, a fixed instant (2025-11-13), the default: runs are reproducible, and whoever processes them gives
+#   the pipeline a fixed processing time relative to it (``now = START_US // 1_000_000 + ...`` in the tests, the
+#   workload's ``clock_us`` in the benchmarks). On the wall clock every TTL of such a workload has long expired.
+# * ``clock_start_us()``, now: for a pipeline on the wall clock (scheduled DAG runs, the demo), where the 60 s
+#   TTLs expire a minute after the writes and the 3600 s ones an hour after, as on a live cluster.
+START_US = 1_763_000_000_000_000
+
+
+def clock_start_us() -> int:
+    """The wall clock in microseconds: ``Workload(start_us=clock_start_us())`` dates a workload now."""
+    return time.time_ns() // 1000
 
 
 def sample_schema():

@@ -33,6 +33,10 @@ FAULT_POINTS = ("claim:manifest_written", "claim:pointer_written", "transform:be
 
 Fault = Callable[[str], None]
 
+# Counters that describe the store at one moment (a backlog, a count of foreign segments): the last value is
+# kept, never summed into the totals.
+GAUGES = frozenset({"batch_seq", "pending", "incomplete_uploads", "foreign_segments"})
+
 
 class PipelineError(CdcError):
     """A step cannot go on (e.g. archive asked before the batch was published)."""
@@ -61,6 +65,14 @@ class Batch:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def summary(self) -> dict:
+        """What a task returns (Airflow logs and stores it as XCom): the batch's identity and each step's
+        counters, without the segment list and quarantine records (the next task reads the manifest)."""
+        return {"batch_id": self.batch_id, "batch_seq": self.batch_seq, "state": self.state,
+                "segments": len(self.segments), "sweep": self.sweep, "snapshot": self.snapshot,
+                "resumed": self.resumed,
+                "steps": {step: counters for step, counters in self.steps.items() if step != "quarantined"}}
+
     @classmethod
     def from_dict(cls, d: dict) -> "Batch":
         names = {f.name for f in dataclasses.fields(cls)}
@@ -85,11 +97,12 @@ def read_batch(store: ObjectStore, batch_id: str) -> Batch:
 
 
 def reload_batch(store: ObjectStore, batch) -> Batch:
-    """The manifest as stored (a task gets the batch from XCom, which may be older than the store)."""
-    b = batch if isinstance(batch, Batch) else Batch.from_dict(batch)
-    if b.empty:
-        return b
-    return read_batch(store, b.batch_id)
+    """The manifest as stored: a task gets a ``Batch.summary`` (or an older ``Batch``) from the task before it;
+    only its ``batch_id`` counts."""
+    batch_id = batch.batch_id if isinstance(batch, Batch) else (batch or {}).get("batch_id", "")
+    if not batch_id:
+        return Batch()
+    return read_batch(store, batch_id)
 
 
 def no_fault(point: str) -> None:
@@ -113,7 +126,7 @@ def record_metrics(store: ObjectStore, step: str, counters: dict) -> None:
     summable = {"resumed"} if counters.get("repeat") else None    # a resumed step's work is counted once
     for k, v in counters.items():
         if summable is None or k in summable:
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and not k.endswith("_s") and k != "batch_seq":
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and not k.endswith("_s") and k not in GAUGES:
                 key = f"{step}.{k}"
                 m["totals"][key] = m["totals"].get(key, 0) + v
     store.put_json(METRICS_KEY, m)

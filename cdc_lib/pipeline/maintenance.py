@@ -22,12 +22,13 @@ def request_sweep(config: PipelineConfig) -> dict:
     return {"sweep_requested": 1}
 
 
-def delta_upkeep(config: PipelineConfig, *, vacuum_retention_hours: int = 168) -> dict:
+def delta_upkeep(config: PipelineConfig) -> dict:
     """Compact small files and vacuum old ones in every Delta table under ``delta/`` (maintenance DAG).
 
-    Vacuum keeps ``vacuum_retention_hours`` of history (Delta's 7-day default), so a reader pinned to a recent
-    version (a Spark task of a running batch) never loses its files.
+    Vacuum keeps ``vacuum_retention_hours`` of history (default 168: Delta's 7 days), so a reader pinned to a
+    recent version (a Spark task of a running batch) never loses its files.
     """
+    vacuum_retention_hours = config.vacuum_retention_hours
     from deltalake import DeltaTable
     store = open_store(config)
     root = delta_root(config, store)

@@ -1,6 +1,7 @@
 """What a pipeline run is pointed at: the store, Kafka, Spark, the schema source (``PipelineConfig``)."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from cdc_lib.errors import ConfigError
@@ -11,7 +12,17 @@ MiB = 1 << 20
 
 
 def open_store(config: PipelineConfig) -> ObjectStore:
-    return ObjectStore.from_url(config.store_url, **config.fs_options())
+    """The store at ``store_url``. A local store must exist: the pipeline never creates it, so that a mistyped
+    path fails instead of becoming a new, empty store (the agents create it)."""
+    url = config.store_url
+    if not url:
+        raise ConfigError("store_url is not set")
+    if "://" not in url or url.startswith("file://"):
+        path = os.path.expanduser(url.removeprefix("file://"))
+        if not os.path.isdir(path):
+            raise ConfigError(f"store {url}: directory {path} does not exist on this worker (the pipeline never "
+                              "creates its store; check store_url, or the volume that should hold it)")
+    return ObjectStore.from_url(url, **config.fs_options())
 
 
 def delta_root(config: PipelineConfig, store: ObjectStore) -> str:
@@ -26,14 +37,12 @@ def load_schema(config: PipelineConfig):
             raise ConfigError("schema_source 'cql' needs schema_file (a CQL file with table IDs)")
         from cdc_lib.cql.schema_from_ddl import load_cql_schema
         return load_cql_schema(Path(config.schema_file))
-    if config.schema_source == "driver":
-        from cdc_lib.cql import schema_from_cluster as schema_driver
-        if not config.cassandra_hosts:
-            raise ConfigError("schema_source 'driver' needs cassandra_hosts (or the Cassandra connection)")
-        options = {}
-        if config.cassandra_username:
-            from cassandra.auth import PlainTextAuthProvider
-            options["auth_provider"] = PlainTextAuthProvider(config.cassandra_username,
-                                                             config.cassandra_password or "")
-        return schema_driver.load_from_cluster(config.cassandra_hosts, port=config.cassandra_port, **options)
-    raise ConfigError(f"schema_source must be 'cql' or 'driver', got {config.schema_source!r}")
+    # "driver" (PipelineConfig accepts nothing else)
+    from cdc_lib.cql import schema_from_cluster as schema_driver
+    if not config.cassandra_hosts:
+        raise ConfigError("schema_source 'driver' needs cassandra_hosts (or the Cassandra connection)")
+    options = {}
+    if config.cassandra_username:
+        from cassandra.auth import PlainTextAuthProvider
+        options["auth_provider"] = PlainTextAuthProvider(config.cassandra_username, config.cassandra_password or "")
+    return schema_driver.load_from_cluster(config.cassandra_hosts, port=config.cassandra_port, **options)

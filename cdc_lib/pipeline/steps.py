@@ -52,6 +52,7 @@ from .backfill import snapshot_outbox
 from .batches import (POINTER_KEY, SNAPSHOT_REQUEST_KEY, STATES, SWEEP_REQUEST_KEY, Batch, Fault, PipelineError,
                       batch_id_for, manifest_key, no_fault, processing_time, read_batch, read_pointer, record_metrics,
                       reload_batch, save_batch)
+from .health import arrival_warnings, check_run_settings, open_existing_store
 from .resources import MiB, delta_root, load_schema, open_store
 
 log = logging.getLogger("cassandra_cdc.pipeline")
@@ -60,14 +61,18 @@ log = logging.getLogger("cassandra_cdc.pipeline")
 # ------------------------------------------------------------------------------------------------ 1. claim
 
 
-def _candidates(store: ObjectStore, config: PipelineConfig) -> tuple[list, int]:
-    """Complete incoming segments, in claim order: per-node rank first, so no node waits behind another.
+def _candidates(store: ObjectStore, config: PipelineConfig, incoming: list[str]) -> tuple[list, int]:
+    """Complete segments of this cluster among the ``incoming/`` keys, in claim order: per-node rank first, so
+    no node waits behind another.
 
     Returns (segments, incomplete uploads seen).
     """
     by_node: dict = {}
     incomplete = 0
-    for key in store.list(Layout.area_prefix(Layout.INCOMING, config.cluster)):
+    prefix = Layout.area_prefix(Layout.INCOMING, config.cluster)
+    for key in incoming:
+        if not key.startswith(prefix):
+            continue
         try:
             _, _, node, name = Layout.parse_segment_key(key)
             _, seg_id = parse_segment_name(name)
@@ -86,10 +91,19 @@ def _candidates(store: ObjectStore, config: PipelineConfig) -> tuple[list, int]:
     return [s for _, s in sorted(ranked, key=lambda r: r[0])], incomplete
 
 
-def claim(config: PipelineConfig, run_id: str = "", *, fault: Fault = no_fault) -> Batch:
-    """The batch this run works on: the unfinished one after a crash, else new segments; may be empty."""
+def claim(config: PipelineConfig, run_id: str = "", *, fault: Fault = no_fault,
+          wall_clock: Optional[float] = None) -> Batch:
+    """The batch this run works on: the unfinished one after a crash, else new segments; may be empty.
+
+    First fails at once if the settings cannot work, and warns about what agents ship (``health``);
+    ``wall_clock`` (seconds) replaces ``time.time()`` for those warnings.
+    """
     t0 = time.monotonic()
-    store = open_store(config)
+    check_run_settings(config)
+    store = open_existing_store(config)
+    incoming = store.list(Layout.INCOMING + "/")
+    warnings, health = arrival_warnings(store, config, incoming, wall_clock)
+    health["warnings"] = warnings
     ptr = read_pointer(store)
     seq = int(ptr.get("batch_seq", 0))
     # A manifest written just before a crash, before the pointer moved: that batch is the current one.
@@ -101,12 +115,13 @@ def claim(config: PipelineConfig, run_id: str = "", *, fault: Fault = no_fault) 
     if last is not None and last.state != "archived":
         last.resumed = True
         record_metrics(store, "claim", {"batch_seq": last.batch_seq, "segments": len(last.segments),
-                                         "resumed": 1, "repeat": True, "duration_s": time.monotonic() - t0})
+                                         "resumed": 1, "repeat": True, **health,
+                                         "duration_s": round(time.monotonic() - t0, 3)})
         log.warning("claim: resuming unfinished batch %s (state %s, %d segments)", last.batch_id, last.state,
                     len(last.segments))
         return last
 
-    candidates, incomplete = _candidates(store, config)
+    candidates, incomplete = _candidates(store, config, incoming)
     chosen, size = [], 0
     for seg in candidates:
         if chosen and (len(chosen) >= config.max_segments or size + seg["size"] > config.max_bytes):
@@ -124,7 +139,7 @@ def claim(config: PipelineConfig, run_id: str = "", *, fault: Fault = no_fault) 
         requested = store.exists(SWEEP_REQUEST_KEY)
         sweep = now > prev_now and (requested or now - prev_now >= config.sweep_interval_s)
     if not chosen and not sweep and not snapshot:
-        counters = {"segments": 0, "bytes": 0, "pending": 0, "incomplete_uploads": incomplete,
+        counters = {"segments": 0, "bytes": 0, "pending": 0, "incomplete_uploads": incomplete, **health,
                     "duration_s": round(time.monotonic() - t0, 3)}
         record_metrics(store, "claim", counters)
         return Batch(steps={"claim": counters})
@@ -133,7 +148,7 @@ def claim(config: PipelineConfig, run_id: str = "", *, fault: Fault = no_fault) 
     batch = Batch(batch_id_for(seq + 1), seq + 1, "claimed", chosen, now, prev_now, sweep, snapshot, False, run_id)
     counters = {"batch_seq": batch.batch_seq, "segments": len(chosen), "bytes": size,
                 "pending": len(candidates) - len(chosen), "incomplete_uploads": incomplete, "sweep": int(sweep),
-                "snapshot": int(snapshot),
+                "snapshot": int(snapshot), **health,
                 "duration_s": round(time.monotonic() - t0, 3)}
     batch.steps["claim"] = counters
     save_batch(store, batch)
@@ -154,16 +169,16 @@ def claim(config: PipelineConfig, run_id: str = "", *, fault: Fault = no_fault) 
 def _stage_segments(store: ObjectStore, config: PipelineConfig, batch: Batch) -> tuple[list, Optional[str]]:
     """Local paths ``.../<node>/<segment>`` of the batch's segments (the job reads local files).
 
-    A local store is read in place. A remote store's segments are fetched (bounded by ``max_bytes``) into a
-    directory of this attempt's own (batch ids repeat across stores and clusters, and another pipeline on the same
-    worker removes *its* staging directory when done) and checked against their sidecar checksum. Returns (paths,
-    staging directory to remove afterwards).
+    A local store is read in place. A remote store's segments are fetched (bounded by ``max_bytes``) into a new
+    directory of this attempt's own and checked against their sidecar checksum: batch ids repeat across stores,
+    so a directory named after the batch alone would be shared (and removed) by two pipelines on one worker.
+    Returns (paths, staging directory to remove afterwards).
     """
     if store.local:
         return [os.path.join(store.root, *s["key"].split("/")) for s in batch.segments], None
     if config.staging_dir:
-        Path(config.staging_dir).mkdir(parents=True, exist_ok=True)
-    base = Path(tempfile.mkdtemp(prefix=f"cdc-stage-{batch.batch_id}-", dir=config.staging_dir or None))
+        os.makedirs(config.staging_dir, exist_ok=True)
+    base = Path(tempfile.mkdtemp(prefix=f"cdc-stage-{batch.batch_id}-", dir=config.staging_dir))
     paths = []
     for s in batch.segments:
         dest = base / s["node"] / s["name"]
@@ -194,6 +209,20 @@ def _spark_submit(config: PipelineConfig, paths: list, root: str, batch: Batch) 
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _describe(batch: Batch, config: PipelineConfig) -> str:
+    """One line saying what the transform of ``batch`` is about to do (the first line of its task log)."""
+    head = f"batch {batch.batch_id} (seq {batch.batch_seq}, processing time {batch.now})"
+    if batch.snapshot:
+        return f"{head}: backfill snapshot of every visible row (no segments)"
+    if not batch.segments:
+        return f"{head}: TTL expiry sweep (no segments)"
+    nodes = sorted({s["node"] for s in batch.segments})
+    size = sum(s["size"] for s in batch.segments)
+    how = f"spark-submit --master {config.spark_master}" if config.spark_submit else f"Spark {config.spark_master}"
+    return (f"{head}: {len(batch.segments)} segments, {size / MiB:.1f} MiB from {len(nodes)} nodes "
+            f"({', '.join(nodes)}) with {how}")
+
+
 def transform(config: PipelineConfig, batch, *, fault: Fault = no_fault, spark=None) -> Batch:
     """Decode, dedupe and reconcile the batch into Delta state tables + outbox (idempotent per ``batch_seq``)."""
     store = open_store(config)
@@ -203,6 +232,7 @@ def transform(config: PipelineConfig, batch, *, fault: Fault = no_fault, spark=N
     if STATES.index(batch.state) >= STATES.index("transformed"):
         log.info("transform: %s already transformed", batch.batch_id)
         return batch
+    log.info("transform: %s", _describe(batch, config))
     t0 = time.monotonic()
     fault("transform:before")
     schema = load_schema(config)
