@@ -317,6 +317,11 @@ def test_float32_exactness_nan_bits_and_json():
     assert parse_type("double").to_json(3.14159) == 3.14159
     with pytest.raises(CqlValueError):
         t.encode(1e300)
+    # Float.MAX_VALUE, written by a real Cassandra 5.0: its shorter decimals round past it (used to raise)
+    max_float = t.decode(bytes.fromhex("7f7fffff"))
+    assert t.to_json(max_float) == 3.4028235e38
+    assert t.encode(t.decode(bytes.fromhex("ff7fffff"))) == bytes.fromhex("ff7fffff")
+    assert t.to_json(t.decode(bytes.fromhex("ff7fffff"))) == -3.4028235e38
 
 
 def test_temporal_values_and_their_strings():

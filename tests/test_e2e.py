@@ -74,7 +74,7 @@ def test_segments_to_kafka_through_the_real_dag(tmp_path, s3_server, s3_bucket, 
                 replayed[r.key] = r.value["after"]
         assert replayed == json_table(t, model_table(t, cw.mutations, now)), t.name
         # one batch saw every mutation: the topic is the table's whole history, mutation after mutation
-        check_events([(key, event) for _, key, event in records], published_states(t, [cw.mutations], [now]),
+        check_events([(r.key, r.value) for r in records], published_states(t, [cw.mutations], [now]),
                      complete=True)
         total += len(records)
     assert total == metrics["publish.events"]

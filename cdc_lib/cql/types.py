@@ -449,8 +449,11 @@ def _float32_json(v: float):
     target = _F32.pack(v)
     for p in range(1, 10):
         s = float(f"{v:.{p}g}")
-        if _F32.pack(s) == target:
-            return s
+        try:
+            if _F32.pack(s) == target:
+                return s
+        except OverflowError:   # a short decimal near Float.MAX_VALUE rounds past it: not this float
+            continue
     return v
 
 

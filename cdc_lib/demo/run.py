@@ -359,7 +359,7 @@ def run_demo(n_mutations: int = 2000, workdir: Path = DEFAULT_WORKDIR, seed: int
     work = Path(workdir)
     _prepare_workdir(work)
     try:
-        schema_file = work / "schema.cql"
+        schema_file = (work / "schema.cql").resolve()   # the pipeline takes absolute paths only
         schema_file.write_text(SAMPLE_SCHEMA_CQL)
         _say(f"workdir {work} (" + ("deleted at the end: --clean" if clean else
                                     "kept after the demo; --clean deletes it, the next demo run here starts afresh")
@@ -397,7 +397,7 @@ def run_demo(n_mutations: int = 2000, workdir: Path = DEFAULT_WORKDIR, seed: int
             env = airflow_env(home, kafka_bootstrap=broker.bootstrap, s3=s3)
             with _step(f"airflow db migrate (SQLite, AIRFLOW_HOME={home})"):
                 airflow_db_migrate(env)
-            conf = {"store_url": store_url, "cluster": CLUSTER, "schema_file": str(schema_file.resolve()),
+            conf = {"store_url": store_url, "cluster": CLUSTER, "schema_file": str(schema_file),
                     "now": now, "max_segments": max_segments}
             log_path = work / "airflow-dags-test.log"
             _say(f"every airflow command below runs with that AIRFLOW_HOME, the Kafka and S3 connections as "

@@ -231,8 +231,9 @@ class Workload:
     """Generates mutations over the tables of ``schema`` (counter tables get counter updates)."""
 
     def __init__(self, schema, seed: int = 0, start_us: int = START_US, tables=None, partitions: int = 200,
-                 out_of_order_us: int = 2_000_000):
+                 out_of_order_us: int = 2_000_000, ttl_fraction: float = 0.3):
         self.rnd = random.Random(seed)
+        self.ttl_fraction = ttl_fraction      # of the writes that draw a TTL (60 s or 3600 s, or none)
         self.schema = schema
         self.tables = [t for t in schema.tables.values()
                        if not t.keyspace.startswith("system") and (tables is None or t.name in tables)]
@@ -354,7 +355,7 @@ class Workload:
     def _write(self, table, key: bytes, ts: int, insert: bool) -> PartitionUpdate:
         ck = self._clustering(table, key)
         now_s = ts // 1_000_000
-        ttl = self.rnd.choice((0, 0, 0, 0, 0, 60, 3600)) if self.rnd.random() < 0.3 else 0
+        ttl = self.rnd.choice((0, 0, 0, 0, 0, 60, 3600)) if self.rnd.random() < self.ttl_fraction else 0
         regular = table.regular_columns
         if insert:
             cols = regular
