@@ -298,3 +298,16 @@ def test_an_etag_that_is_not_the_md5_falls_back_to_reading_back(request, tmp_pat
     key = Layout.incoming("c", "n", SEG)
     assert store.put_file(src, key, checksum=_sha(b"segment" * 1000)).checksum == _sha(b"segment" * 1000)
     assert reads == [key]
+
+
+def test_one_segment_name_parser_for_paths_and_keys():
+    """The commit-log reader, the agent and the key layout share one parser: a path is read by its file name, a
+    key refuses anything but a bare name."""
+    from cdc_lib.commitlog.segment import parse_segment_name as reader_parse
+    from cdc_lib.errors import SegmentError
+    assert reader_parse is parse_segment_name
+    assert parse_segment_name("/var/lib/cassandra/cdc_raw/CommitLog-7-42.log") == (7, 42)
+    with pytest.raises(SegmentError):
+        parse_segment_name("/data/CommitLog-7-42.log.tmp")
+    with pytest.raises(ConfigError):
+        Layout.incoming("c1", "n1", "../CommitLog-7-42.log")

@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import mmap
 import os
-import re
 import uuid
 import zlib
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from typing import Iterator, Optional, Union
 
 from cdc_lib import wire
 from cdc_lib.errors import CdcError, SegmentError
+from cdc_lib.storage.layout import parse_segment_name  # noqa: F401 - re-exported: the reader's own name check
 
 SYNC_MARKER_SIZE = 8
 ENTRY_OVERHEAD = 12
@@ -45,17 +45,6 @@ MIN_ENTRY_SIZE = 10
 SUPPORTED_VERSIONS = (6, 7, 8)
 CONTAINER_ONLY_VERSIONS = (5,)   # 2.2: same container, pre-3.0 mutation layout (not decoded)
 MESSAGING_VERSION = {5: None, 6: 11, 7: 12, 8: 13}
-
-_NAME_RE = re.compile(r"^CommitLog-(\d+)-(-?\d+)\.log$")
-
-
-def parse_segment_name(name: str) -> tuple[int, int]:
-    """``CommitLog-<version>-<id>.log`` -> (version, id). Raises SegmentError for other names."""
-    m = _NAME_RE.match(os.path.basename(name))
-    if not m:
-        raise SegmentError(f"not a commit-log segment name: {name!r}", source=name)
-    return int(m.group(1)), int(m.group(2))
-
 
 @dataclass(frozen=True)
 class SegmentHeader:

@@ -20,9 +20,10 @@ object with the same bytes, and the pipeline can deduplicate on the key.
 """
 from __future__ import annotations
 
+import os
 import re
 
-from cdc_lib.errors import ConfigError, FormatError, StorageError
+from cdc_lib.errors import ConfigError, FormatError, SegmentError, StorageError
 
 CHECKSUM_SUFFIX = ".sha256"
 REASON_SUFFIX = ".reason.json"
@@ -31,10 +32,14 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 def parse_segment_name(name: str) -> tuple[int, int]:
-    """``CommitLog-<version>-<id>.log`` -> (version, id). Anything else raises FormatError naming the file."""
-    m = _SEGMENT_NAME_RE.match(name)
+    """``CommitLog-<version>-<id>.log`` (a name or a path to one) -> (version, id).
+
+    The one parser of segment names: the key layout, the agent, the pipeline and the commit-log reader all use
+    it. Anything else raises SegmentError (a FormatError) naming the file.
+    """
+    m = _SEGMENT_NAME_RE.match(os.path.basename(name))
     if not m:
-        raise FormatError("not a commit log segment name (expected CommitLog-<version>-<id>.log)", name)
+        raise SegmentError("not a commit log segment name (expected CommitLog-<version>-<id>.log)", name)
     return int(m.group(1)), int(m.group(2))
 
 
@@ -66,7 +71,7 @@ class Layout:
 
     @staticmethod
     def _segment_key(area: str, cluster: str, node: str, segment_name: str) -> str:
-        parse_segment_name(segment_name)
+        parse_segment_name(_check_name("segment", segment_name))   # a bare name, never a path
         return f"{area}/{_check_name('cluster', cluster)}/{_check_name('node', node)}/{segment_name}"
 
     @classmethod
