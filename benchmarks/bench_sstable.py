@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/bench_sstable.py [--mb 64] [--codec LZ4Compressor] [--version oa]
     .venv/bin/python benchmarks/bench_sstable.py --sstables DIR_OR_DATA_DB ...     (real SSTables instead)
+    .venv/bin/python benchmarks/bench_sstable.py --cqlite KEYSPACE.cql [--expected F] TABLE_DIR ...
+                                              (beside cqlite-py on real 5.0 SSTables: benchmarks/cqlite_compare.py)
 
 By default it writes SSTables of the sample schema (every CQL type, collections, statics, TTLs, every deletion
 kind) with the tests' SSTable writer (``tests/sstable_writer.py``), then measures on one core, in this run:
@@ -132,7 +134,13 @@ def main(argv=None):
     ap.add_argument("--codec", default="LZ4Compressor", help="compressor class, or 'none'")
     ap.add_argument("--version", default="oa", choices=["ma", "mb", "mc", "md", "me", "na", "nb", "oa", "da"])
     ap.add_argument("--sstables", nargs="*", help="real SSTables (Data.db files or table directories)")
+    ap.add_argument("--cqlite", metavar="KEYSPACE_CQL",
+                    help="compare with cqlite-py on the table directories given by --sstables (their schema DDL)")
+    ap.add_argument("--expected", help="expected.json of the SSTables: SELECT * as Cassandra returned it")
     args = ap.parse_args(argv)
+    if args.cqlite:
+        from cqlite_compare import compare
+        return compare(args.sstables or [], args.cqlite, args.expected, floor)
     schema = None
     if args.sstables:
         paths = [f for p in args.sstables for f in find_data_files(p)]
