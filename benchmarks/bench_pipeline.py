@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from cdc_lib import pipeline as P  # noqa: E402
-from cdc_lib.agent.shipper import Agent
+from cdc_lib.agent.shipper import Agent  # noqa: E402
 from cdc_lib.demo.servers import run_kafka_broker, run_s3_server  # noqa: E402
 from cdc_lib.demo.workload import SAMPLE_SCHEMA_CQL, Workload, sample_schema, write_cluster_segments  # noqa: E402
 from cdc_lib.settings import AgentConfig  # noqa: E402

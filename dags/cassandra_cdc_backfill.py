@@ -1,10 +1,16 @@
-"""Airflow 3 DAG ``cassandra_cdc_backfill`` (manual): snapshot the current data as ``op = 'r'`` events.
+"""Airflow 3 DAG ``cassandra_cdc_backfill`` (manual): load what exists, rebuild what was lost, re-emit what a
+consumer missed.
 
-The snapshot is a batch of its own in the pipeline's batch sequence (``cdc_lib.pipeline.request_snapshot``):
-the next ``cassandra_cdc`` run claims it instead of new segments, writes an 'r' event for every visible row
-of the Delta state tables (the state exactly as the previous batch committed it) to the outbox, and publishes
-it exactly once like any batch. Every change in segments not yet processed comes in the batches after it, so
-consumers see snapshot + stream without a gap or an overlap (see the module docstring of ``cdc_lib.pipeline``).
+The run asks the pipeline for a batch of its own in the one batch sequence (``cdc_lib.pipeline.backfill``); the
+next ``cassandra_cdc`` runs claim it before new segments and publish it exactly once like any batch, so consumers
+see it between two stream batches, without a gap or an overlap. Param ``mode``:
+
+* ``snapshot`` (default): an ``op = 'r'`` event for every visible row of the Delta state tables, as the previous
+  batch committed them;
+* ``replay``: archived batches again (``batches_from``/``batches_to`` or ``since``/``until``), ``purpose``
+  ``rebuild`` (their segments through the transform again: a lost or damaged state table is rebuilt, the events
+  say what the repair changed) or ``reemit`` (their events published again, unchanged, with their ids).
+
 Settings as for ``cassandra_cdc`` (``cdc_lib.pipeline.airflow``).
 """
 from __future__ import annotations
@@ -19,8 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from cdc_lib.pipeline.airflow import airflow_params  # noqa: E402
-from cdc_lib.pipeline.airflow import config_from_airflow_context as _config
+from cdc_lib.pipeline.backfill import backfill_params  # noqa: E402
 
 
 @dag(
@@ -29,17 +34,17 @@ from cdc_lib.pipeline.airflow import config_from_airflow_context as _config
     start_date=datetime(2025, 1, 1),
     catchup=False,
     max_active_runs=1,
-    params=airflow_params(),
+    params=backfill_params(),
     tags=["cassandra", "cdc", "backfill"],
     doc_md=__doc__,
 )
 def cassandra_cdc_backfill():
     @task
-    def request_snapshot() -> dict:
-        from cdc_lib.pipeline.backfill import request_snapshot as request
-        return request(_config(show=True))
+    def request_backfill() -> dict:
+        from cdc_lib.pipeline.backfill import backfill_from_airflow_context
+        return backfill_from_airflow_context()
 
-    request_snapshot()
+    request_backfill()
 
 
 cassandra_cdc_backfill()

@@ -13,6 +13,7 @@ import pytest
 
 from cdc_lib.errors import ConfigError
 from cdc_lib.pipeline.airflow import dag_schedules, describe_settings, pipeline_config, run_setting_names
+from cdc_lib.pipeline.backfill import BACKFILL_ARGS
 from cdc_lib.settings import PipelineConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -71,8 +72,9 @@ def test_params_are_empty_so_scheduled_runs_take_the_deployments_settings(dagbag
     """A scheduled run gets the params' defaults: they must be empty, or they would pin every scheduled run."""
     for dag_id in ("cassandra_cdc", "cassandra_cdc_maintenance", "cassandra_cdc_backfill"):
         params = dagbag.dags[dag_id].params
-        assert set(params.keys()) == set(run_setting_names()), dag_id
-        assert all(params[name] is None for name in run_setting_names()), dag_id
+        own = set(BACKFILL_ARGS) if dag_id == "cassandra_cdc_backfill" else set()   # mode and its arguments
+        assert set(params.keys()) == set(run_setting_names()) | own, dag_id
+        assert all(params[name] is None for name in params.keys()), dag_id
         for secret in ("s3_access_key", "s3_secret_key", "cassandra_password"):
             assert secret not in params, (dag_id, secret)      # the UI shows params
     scheduled = {k: dagbag.dags["cassandra_cdc"].params[k] for k in run_setting_names()}
@@ -85,8 +87,11 @@ def test_every_dags_params_as_its_tasks_get_them_make_a_pipeline_config(dagbag):
     maintenance DAG's vacuum_retention_hours did, once settings rejected unknown keys)."""
     for dag_id in ("cassandra_cdc", "cassandra_cdc_maintenance", "cassandra_cdc_backfill"):
         params = dagbag.dags[dag_id].params
-        cfg, _ = pipeline_config({k: params[k] for k in params.keys()}, None, lambda conn_id: None, env={})
+        settings = {k: params[k] for k in params.keys() if k not in BACKFILL_ARGS}   # what the tasks pass on
+        cfg, _ = pipeline_config(settings, None, lambda conn_id: None, env={})
         assert cfg == PipelineConfig()
+    with pytest.raises(ConfigError, match="unknown setting 'mode'"):     # so the backfill task must leave them out
+        pipeline_config({"mode": "replay"}, None, lambda conn_id: None, env={})
     assert PipelineConfig.from_mapping({"vacuum_retention_hours": 24}).vacuum_retention_hours == 24
 
 
@@ -96,7 +101,7 @@ def test_maintenance_and_backfill_wiring(dagbag):
     assert _order(m) == ["expiry_sweep", "delta_upkeep"]
     b = dagbag.dags["cassandra_cdc_backfill"]
     assert b.timetable.__class__.__name__ == "NullTimetable"     # manual only
-    assert _order(b) == ["request_snapshot"]
+    assert _order(b) == ["request_backfill"]
 
 
 CONNECTIONS = {

@@ -134,11 +134,12 @@ def describe_settings(config: PipelineConfig, sources: Mapping[str, str]) -> str
     return "\n".join(f"  {name} = {shown[name]!r}  ({sources[name]})" for name in sorted(sources))
 
 
-def config_from_airflow_context(*, show: bool = False) -> PipelineConfig:
+def config_from_airflow_context(*, show: bool = False, ignore: tuple = ()) -> PipelineConfig:
     """The PipelineConfig of the running Airflow task (its run's conf, connections, Variable, env, file);
-    ``show``: log each setting that is not a default with its source (the first task of a run does)."""
+    ``show``: log each setting that is not a default with its source (the first task of a run does); ``ignore``:
+    the DAG's own params that are not settings (the backfill's mode and its arguments)."""
     from airflow.sdk import Variable, get_current_context
-    params = dict(get_current_context()["params"])
+    params = {k: v for k, v in get_current_context()["params"].items() if k not in ignore}
     config, sources = pipeline_config(params, Variable.get(SETTINGS_VARIABLE, default=None), airflow_connection)
     if show:
         log.info("settings (defaults not shown):\n%s", describe_settings(config, sources))

@@ -1,4 +1,8 @@
-"""Backfill: a snapshot batch of ``op = 'r'`` events placed in the batch sequence, or a paged SELECT.
+"""Backfill: what the manual DAG ``cassandra_cdc_backfill`` asks for, by its ``mode`` param.
+
+* ``snapshot`` (the default): a snapshot batch of ``op = 'r'`` events placed in the batch sequence (below);
+* ``replay``: archived batches again, to rebuild state or re-emit events (``replay``; params ``purpose``,
+  ``batches_from``, ``batches_to``, ``since``, ``until``, ``nodes``, ``tables``).
 
 ``request_snapshot`` makes the next claim a *snapshot batch* ``k`` without segments whose outbox is an ``r`` event
 for every visible row of the state tables as batch ``k-1`` committed them. Batches are one serialized sequence
@@ -12,6 +16,7 @@ from __future__ import annotations
 import time
 from typing import Optional
 
+from cdc_lib.errors import ConfigError
 from cdc_lib.settings import PipelineConfig
 
 from .batches import SNAPSHOT_REQUEST_KEY, Batch
@@ -53,6 +58,63 @@ def request_snapshot(config: PipelineConfig) -> dict:
     store = open_store(config)
     store.put_json(SNAPSHOT_REQUEST_KEY, {"requested_at": int(time.time())})
     return {"snapshot_requested": 1}
+
+
+# The backfill DAG's own params, beside the pipeline settings: name -> (JSON type, what it does).
+BACKFILL_ARGS = {
+    "mode": ("string", "snapshot (default): 'r' events of every visible row of the state; replay: archived "
+                       "batches again (see purpose)"),
+    "purpose": ("string", "replay: rebuild (default; archived segments through the transform again) or reemit "
+                          "(the batches' events published again, unchanged)"),
+    "batches_from": ("integer", "replay: first batch sequence number (empty: the first)"),
+    "batches_to": ("integer", "replay: last batch sequence number (empty: the last archived)"),
+    "since": ("integer", "replay: batches processed at or after this time (epoch seconds)"),
+    "until": ("integer", "replay: batches processed at or before this time (epoch seconds)"),
+    "nodes": ("array", "replay rebuild: only these nodes' segments (empty: all)"),
+    "tables": ("array", "replay reemit: only these keyspace.table events (empty: all)"),
+}
+MODES = ("snapshot", "replay")
+
+
+def request_backfill(config: PipelineConfig, mode: Optional[str] = None, **args) -> dict:
+    """What the backfill DAG's run asks for: a snapshot or a replay (``BACKFILL_ARGS``); unknown or
+    misplaced arguments are errors that name them."""
+    from .replay import request_replay
+    mode = mode or "snapshot"
+    unknown = sorted(set(args) - set(BACKFILL_ARGS))
+    if unknown:
+        raise ConfigError(f"backfill: unknown argument {unknown[0]!r}")
+    given = {k: v for k, v in args.items() if v is not None and v != "" and v != []}
+    if mode == "snapshot":
+        if given:
+            raise ConfigError(f"backfill mode snapshot takes no {', '.join(sorted(given))}: they belong to "
+                              "mode replay")
+        return request_snapshot(config)
+    if mode == "replay":
+        return request_replay(config, **given)
+    raise ConfigError(f"backfill: mode {mode!r}: use one of {', '.join(MODES)}")
+
+
+def backfill_params() -> dict:
+    """The backfill DAG's params: the pipeline settings (as every DAG) and ``BACKFILL_ARGS``, empty by default."""
+    from airflow.sdk import Param
+
+    from .airflow import airflow_params
+    out = airflow_params()
+    for name, (kind, doc) in BACKFILL_ARGS.items():
+        kinds = ["null", kind] + (["string"] if kind == "array" else [])
+        out[name] = Param(None, type=kinds, description=doc)
+    return out
+
+
+def backfill_from_airflow_context() -> dict:
+    """The backfill DAG's task: its run's settings and arguments, then the request."""
+    from airflow.sdk import get_current_context
+
+    from .airflow import config_from_airflow_context
+    params = get_current_context()["params"]
+    config = config_from_airflow_context(show=True, ignore=tuple(BACKFILL_ARGS))
+    return request_backfill(config, **{k: params.get(k) for k in BACKFILL_ARGS})
 
 
 def cluster_snapshot_events(session, table, *, cluster: str = "", fetch_size: int = 1000,

@@ -54,6 +54,7 @@ class Batch:
     prev_now: Optional[int] = None
     sweep: bool = False
     snapshot: bool = False                        # a backfill: 'r' events for every live row (no segments)
+    replay: dict = field(default_factory=dict)    # a replay batch: request_id, purpose, covers (see replay.py)
     resumed: bool = False
     claimed_by: str = ""
     steps: dict = field(default_factory=dict)     # step -> its counters (as the step returned them)
@@ -70,7 +71,7 @@ class Batch:
         counters, without the segment list and quarantine records (the next task reads the manifest)."""
         return {"batch_id": self.batch_id, "batch_seq": self.batch_seq, "state": self.state,
                 "segments": len(self.segments), "sweep": self.sweep, "snapshot": self.snapshot,
-                "resumed": self.resumed,
+                "replay": self.replay.get("purpose"), "resumed": self.resumed,
                 "steps": {step: counters for step, counters in self.steps.items() if step != "quarantined"}}
 
     @classmethod

@@ -20,7 +20,8 @@ finds what is done and does the rest:
    (copy, verify, then delete); a segment in which bytes were damaged moves to ``quarantined/`` with a reason
    naming every damaged position instead (its readable entries were processed).
 
-Backfill and maintenance batches run through the same steps (see ``backfill`` and ``maintenance``).
+Backfill, replay and maintenance batches run through the same steps (see ``backfill``, ``replay`` and
+``maintenance``); a pending replay request is claimed before new segments.
 
 Counters of every step are logged, returned (the DAG task logs them) and accumulated in
 ``checkpoints/metrics.json`` so a user can read them (``cat``/``aws s3 cp``).
@@ -53,6 +54,8 @@ from .batches import (POINTER_KEY, SNAPSHOT_REQUEST_KEY, STATES, SWEEP_REQUEST_K
                       batch_id_for, manifest_key, no_fault, processing_time, read_batch, read_pointer, record_metrics,
                       reload_batch, save_batch)
 from .health import arrival_warnings, check_run_settings, open_existing_store
+from .replay import claim_replay, consume_replay_share, reemit_outbox
+from .replay import describe as describe_replay
 from .resources import MiB, delta_root, load_schema, open_store
 
 log = logging.getLogger("cassandra_cdc.pipeline")
@@ -123,32 +126,40 @@ def claim(config: PipelineConfig, run_id: str = "", *, fault: Fault = no_fault,
 
     candidates, incomplete = _candidates(store, config, incoming)
     chosen, size = [], 0
-    for seg in candidates:
-        if chosen and (len(chosen) >= config.max_segments or size + seg["size"] > config.max_bytes):
-            break
-        chosen.append(seg)
-        size += seg["size"]
+    replay_share = claim_replay(store, config, last)      # a requested replay goes before new segments
+    if replay_share is not None:
+        chosen, replay = replay_share
+        size = sum(s["size"] for s in chosen)
+    else:
+        replay = {}
+        for seg in candidates:
+            if chosen and (len(chosen) >= config.max_segments or size + seg["size"] > config.max_bytes):
+                break
+            chosen.append(seg)
+            size += seg["size"]
     now = processing_time(config)
     prev_now = last.now if last is not None else None
     if prev_now is not None:
         now = max(now, prev_now)     # processing time never goes back (TTL sweep windows)
     sweep = snapshot = False
-    if not chosen and store.exists(SNAPSHOT_REQUEST_KEY):
-        snapshot = True     # a batch of its own between two stream batches: see snapshot_outbox
-    elif not chosen and last is not None:
-        requested = store.exists(SWEEP_REQUEST_KEY)
-        sweep = now > prev_now and (requested or now - prev_now >= config.sweep_interval_s)
-    if not chosen and not sweep and not snapshot:
+    if not chosen and not replay:
+        if store.exists(SNAPSHOT_REQUEST_KEY):
+            snapshot = True     # a batch of its own between two stream batches: see snapshot_outbox
+        elif last is not None:
+            requested = store.exists(SWEEP_REQUEST_KEY)
+            sweep = now > prev_now and (requested or now - prev_now >= config.sweep_interval_s)
+    if not chosen and not sweep and not snapshot and not replay:
         counters = {"segments": 0, "bytes": 0, "pending": 0, "incomplete_uploads": incomplete, **health,
                     "duration_s": round(time.monotonic() - t0, 3)}
         record_metrics(store, "claim", counters)
         return Batch(steps={"claim": counters})
     if snapshot:
         now = prev_now if prev_now is not None else now   # the state as the last batch left it
-    batch = Batch(batch_id_for(seq + 1), seq + 1, "claimed", chosen, now, prev_now, sweep, snapshot, False, run_id)
+    batch = Batch(batch_id_for(seq + 1), seq + 1, "claimed", chosen, now, prev_now, sweep=sweep, snapshot=snapshot,
+                  replay=replay, claimed_by=run_id)
     counters = {"batch_seq": batch.batch_seq, "segments": len(chosen), "bytes": size,
-                "pending": len(candidates) - len(chosen), "incomplete_uploads": incomplete, "sweep": int(sweep),
-                "snapshot": int(snapshot), **health,
+                "pending": len(candidates) - (0 if replay else len(chosen)), "incomplete_uploads": incomplete,
+                "sweep": int(sweep), "snapshot": int(snapshot), "replay": int(bool(replay)), **health,
                 "duration_s": round(time.monotonic() - t0, 3)}
     batch.steps["claim"] = counters
     save_batch(store, batch)
@@ -158,6 +169,8 @@ def claim(config: PipelineConfig, run_id: str = "", *, fault: Fault = no_fault,
         store.delete(SWEEP_REQUEST_KEY)
     if snapshot:
         store.delete(SNAPSHOT_REQUEST_KEY)
+    if replay:
+        consume_replay_share(store, batch)
     fault("claim:pointer_written")
     record_metrics(store, "claim", counters)
     return batch
@@ -214,6 +227,8 @@ def _describe(batch: Batch, config: PipelineConfig) -> str:
     head = f"batch {batch.batch_id} (seq {batch.batch_seq}, processing time {batch.now})"
     if batch.snapshot:
         return f"{head}: backfill snapshot of every visible row (no segments)"
+    if batch.replay:
+        return f"{head}: {describe_replay(batch)}"
     if not batch.segments:
         return f"{head}: TTL expiry sweep (no segments)"
     nodes = sorted({s["node"] for s in batch.segments})
@@ -244,6 +259,8 @@ def transform(config: PipelineConfig, batch, *, fault: Fault = no_fault, spark=N
     counters: dict = {"segments": len(batch.segments), "bytes": sum(s["size"] for s in batch.segments)}
     if batch.snapshot:
         counters.update(events=snapshot_outbox(config, root, schema, batch, hook))
+    elif batch.replay.get("purpose") == "reemit":
+        counters.update(events=reemit_outbox(config, root, batch, hook))
     elif batch.sweep or not batch.segments:
         from cdc_lib.sinks.delta import DeltaRsStateStore, run_store_batch
         st = DeltaRsStateStore(root, config.delta_options(), app_id=config.app_id, fail_hook=hook)
@@ -378,6 +395,9 @@ def archive(config: PipelineConfig, batch, *, fault: Fault = no_fault) -> Batch:
                             "nothing archived")
     t0 = time.monotonic()
     fault("archive:before")
+    if batch.replay:        # its segments were read from archived/ and stay there
+        return _finish_archive(store, batch, {"archived": 0, "quarantined_segments": 0,
+                                              "replayed_segments": len(batch.segments)}, t0, fault)
     damaged: dict = {}
     for q in batch.steps.get("quarantined", []):
         if q["kind"] in DAMAGE_KINDS:
@@ -397,8 +417,11 @@ def archive(config: PipelineConfig, batch, *, fault: Fault = no_fault) -> Batch:
             store.move(s["key"], Layout.archived(config.cluster, s["node"], s["name"]))
             archived += 1
         fault("archive:segment")
-    counters = {"archived": archived, "quarantined_segments": quarantined,
-                "duration_s": round(time.monotonic() - t0, 3)}
+    return _finish_archive(store, batch, {"archived": archived, "quarantined_segments": quarantined}, t0, fault)
+
+
+def _finish_archive(store: ObjectStore, batch: Batch, counters: dict, t0: float, fault: Fault) -> Batch:
+    counters["duration_s"] = round(time.monotonic() - t0, 3)
     batch.steps["archive"] = counters
     batch.state = "archived"
     save_batch(store, batch)
