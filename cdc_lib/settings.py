@@ -458,5 +458,45 @@ class PipelineConfig:
 
 # Each consumer's YAML section; every key of every consumer is a known key for the others (one shared file).
 SECTIONS = {AgentConfig: "agent", PipelineConfig: "pipeline"}
+# The passwords of ``cassandra-cdc inspect --keystore`` (see ``secret``).
+KEYSTORE_PASSWORD_ENV = ENV_PREFIX + "KEYSTORE_PASSWORD"
+KEY_PASSWORD_ENV = ENV_PREFIX + "KEY_PASSWORD"
 # CASSANDRA_CDC_ variables that are not settings of a consumer (read where they are used).
-OTHER_ENV = frozenset()
+OTHER_ENV = frozenset({KEYSTORE_PASSWORD_ENV, KEY_PASSWORD_ENV})
+
+
+# ---------------------------------------------------------------------------------------------------- secrets
+# fsspec storage options that hold credentials (s3fs, gcsfs, adlfs): never taken from a command line, which
+# every user of the machine reads in the process list (``ps``).
+SECRET_STORAGE_OPTIONS = frozenset({
+    "key", "secret", "token", "password", "session_token", "aws_access_key_id", "aws_secret_access_key",
+    "aws_session_token", "account_key", "sas_token", "client_secret", "connection_string", "credentials"})
+
+
+def read_secret_file(path: str | Path, what: str) -> str:
+    """A secret kept in a file (the first line, without its line break; the file should be readable by its owner
+    only). ConfigError naming the file when it cannot be read or is empty."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{what} file {p}: cannot be read ({getattr(e, 'strerror', None) or e})") from None
+    value = text.split("\n", 1)[0].rstrip("\r")
+    if not value:
+        raise ConfigError(f"{what} file {p} is empty (the secret is its first line)")
+    return value
+
+
+def secret(what: str, *, file: str | Path | None = None, env_var: str | None = None,
+           env: Mapping[str, str] | None = None, command_line: str | None = None) -> str | None:
+    """A secret from a file, else the environment variable ``env_var``; ``command_line`` is the value of an
+    older flag that takes the secret itself (given together with a file it is an error). None when unset."""
+    if file is not None and command_line is not None:
+        raise ConfigError(f"give the {what} once: in a file or (visible to every user in the process list) on "
+                          "the command line, not both")
+    if file is not None:
+        return read_secret_file(file, what)
+    if command_line is not None:
+        return command_line
+    env = os.environ if env is None else env
+    return (env.get(env_var) or None) if env_var else None

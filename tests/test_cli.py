@@ -182,6 +182,10 @@ def _bad_inputs(tmp_path):
     no_key = tmp_path / "keystore.jceks"
     no_key.write_bytes(os.urandom(64))
     missing = tmp_path / "missing.log"
+    password = tmp_path / "keystore-password"
+    password.write_text("x\n")
+    empty = tmp_path / "empty-password"
+    empty.write_text("")
     return {
         "missing segment": (["inspect", "--schema-from-log", "SEG", missing],
                             f"{missing}: no such segment file"),
@@ -194,19 +198,26 @@ def _bad_inputs(tmp_path):
                                   "'DESCRIBE SCHEMA')"),
         "missing schema": (["inspect", "--schema", tmp_path / "nope.cql", "SEG"],
                            f"{tmp_path / 'nope.cql'}: no such schema file"),
-        "missing keystore": (["inspect", "--keystore", tmp_path / "nope.jceks", "--keystore-password", "x", "SEG"],
-                             f"{tmp_path / 'nope.jceks'}: no such keystore"),
-        "garbage keystore": (["inspect", "--keystore", no_key, "--keystore-password", "x", "SEG"],
+        "missing keystore": (["inspect", "--keystore", tmp_path / "nope.jceks", "--keystore-password-file", password,
+                              "SEG"], f"{tmp_path / 'nope.jceks'}: no such keystore"),
+        "garbage keystore": (["inspect", "--keystore", no_key, "--keystore-password-file", password, "SEG"],
                              f"keystore {no_key} cannot be read as JCEKS/JKS: Not a JKS or JCEKS keystore (magic "
                              "number wrong; expected FEEDFEED or CECECECE)"),
-        "keystore without password": (["inspect", "--keystore", no_key, "SEG"], "--keystore needs --keystore-password"),
-        "bad key": (["inspect", "--key", "k1=zz", "SEG"], "encryption key for 'k1' is not hexadecimal"),
+        "keystore without password": (["inspect", "--keystore", no_key, "SEG"],
+                                      "--keystore needs its password: --keystore-password-file FILE or "
+                                      "CASSANDRA_CDC_KEYSTORE_PASSWORD"),
+        "empty password file": (["inspect", "--keystore", no_key, "--keystore-password-file", empty, "SEG"],
+                                f"keystore password file {empty} is empty (the secret is its first line)"),
+        "key file without keys": (["inspect", "--key-file", empty, "SEG"],
+                                  f"{empty}: holds no encryption key (one ALIAS=HEX per line)"),
+        "bad key": (["inspect", "--key-file", prose, "SEG"], "encryption key 'just some notes' is not ALIAS=HEX"),
     }
 
 
 @pytest.mark.parametrize("case", ["missing segment", "directory", "binary schema", "schema without tables",
                                   "missing schema", "missing keystore", "garbage keystore",
-                                  "keystore without password", "bad key"])
+                                  "keystore without password", "empty password file", "key file without keys",
+                                  "bad key"])
 def test_bad_inputs_are_one_line_before_any_output(corpus, tmp_path, case):
     """Inputs are checked before anything is read: no partial output, no traceback, one line naming the file."""
     argv, message = _bad_inputs(tmp_path)[case]

@@ -27,7 +27,9 @@ def build_parser(prog: str = "cassandra-cdc agent") -> argparse.ArgumentParser:
     p.add_argument("--cdc-raw", dest="cdc_raw", help="Cassandra's cdc_raw directory")
     p.add_argument("--store-url", dest="store_url", help="store root: /dir, file:///dir, s3://bucket/prefix, ...")
     p.add_argument("--storage-option", dest="storage_option", action="append", metavar="KEY=VALUE",
-                   help="fsspec storage option, repeatable (e.g. endpoint_url=http://127.0.0.1:8333)")
+                   help="fsspec storage option, repeatable (e.g. endpoint_url=http://127.0.0.1:8333); credentials "
+                        "are refused here (the process list shows them): use AWS_ACCESS_KEY_ID/"
+                        "AWS_SECRET_ACCESS_KEY, CASSANDRA_CDC_STORAGE_OPTIONS or the settings file")
     p.add_argument("--cluster", help="cluster name (first part of every key)")
     p.add_argument("--node", help="node name (default: this host's name)")
     p.add_argument("--poll-interval", dest="poll_interval", type=float, help="seconds between scans (1)")
@@ -52,7 +54,14 @@ def build_parser(prog: str = "cassandra-cdc agent") -> argparse.ArgumentParser:
 def load_agent_config(args: argparse.Namespace, env: dict[str, str] | None = None) -> AgentConfig:
     flags = {k: v for k, v in vars(args).items() if k not in ("config", "once", "storage_option")}
     if args.storage_option:
-        flags["storage_options"] = config_mod.parse_key_values(args.storage_option)
+        options = config_mod.parse_key_values(args.storage_option)
+        exposed = sorted(k for k in options if k.lower() in config_mod.SECRET_STORAGE_OPTIONS)
+        if exposed:
+            raise ConfigError(f"--storage-option {', '.join(exposed)}: credentials on the command line are visible to "
+                              "every user of this machine (ps); give them as AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY "
+                              f"(s3fs reads them), in {config_mod.ENV_PREFIX}STORAGE_OPTIONS or under storage_options "
+                              "in the settings file (readable by the agent's user only)")
+        flags["storage_options"] = options
     return config_mod.load(AgentConfig, flags=flags, env=env, config_file=args.config, section="agent")
 
 
