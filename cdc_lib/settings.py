@@ -316,6 +316,8 @@ class AgentConfig:
     rate_window: float = 300.0  # seconds over which arrival and ship rates are compared
     max_backoff: float = 60.0
     log_level: str = "INFO"
+    metrics_port: int | None = None     # serve /metrics and /health on this port (0: any free port); None: off
+    metrics_host: str = "127.0.0.1"     # the endpoint is unauthenticated: bind wider only behind a firewall
 
     def __post_init__(self) -> None:
         self.cdc_raw = Path(self.cdc_raw)
@@ -329,6 +331,8 @@ class AgentConfig:
             raise ConfigError(f"warn_usage_fraction must be in (0, 1], got {self.warn_usage_fraction}")
         if self.cdc_total_space is not None and self.cdc_total_space <= 0:
             raise ConfigError(f"cdc_total_space must be > 0, got {self.cdc_total_space}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"metrics_port must be a TCP port (0-65535), got {self.metrics_port}")
         if self.max_backoff < self.poll_interval:
             self.max_backoff = self.poll_interval
         try:

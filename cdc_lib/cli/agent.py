@@ -10,6 +10,7 @@ import threading
 from typing import Any
 
 from cdc_lib import settings as config_mod
+from cdc_lib.agent.endpoint import MetricsEndpoint
 from cdc_lib.agent.shipper import Agent
 from cdc_lib.errors import ConfigError
 from cdc_lib.settings import AgentConfig
@@ -45,6 +46,10 @@ def build_parser(prog: str = "cassandra-cdc agent") -> argparse.ArgumentParser:
     p.add_argument("--rate-window", dest="rate_window", type=float,
                    help="seconds over which arrival and ship rates are compared (300)")
     p.add_argument("--max-backoff", dest="max_backoff", type=float, help="longest retry delay in seconds (60)")
+    p.add_argument("--metrics-port", dest="metrics_port", type=int,
+                   help="serve Prometheus /metrics and /health on this port (default: no endpoint)")
+    p.add_argument("--metrics-host", dest="metrics_host",
+                   help="address the endpoint binds (127.0.0.1; it is unauthenticated)")
     p.add_argument("--log-level", dest="log_level", help="DEBUG, INFO, WARNING, ERROR (INFO)")
     p.add_argument("--once", action="store_true",
                    help="one pass, print what it did, then exit (3 if a segment could not be shipped)")
@@ -75,6 +80,9 @@ def agent_main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"unknown log level {cfg.log_level!r}")
         logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         agent = Agent(cfg)
+        endpoint = None
+        if cfg.metrics_port is not None and not args.once:
+            endpoint = MetricsEndpoint(agent, cfg.metrics_host, cfg.metrics_port)
     except ConfigError as e:
         print(f"cassandra-cdc agent: {e}", file=sys.stderr)
         return exits.USAGE
@@ -94,6 +102,8 @@ def agent_main(argv: list[str] | None = None) -> int:
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+        if endpoint is not None:
+            endpoint.close()
     return 0
 
 

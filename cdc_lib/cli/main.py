@@ -4,6 +4,8 @@
                           --key-file FILE] [--format json|text] [--system] [--strict] SEGMENT|SSTABLE...
     cassandra-cdc agent ...          (see ``cassandra-cdc agent --help``)
     cassandra-cdc demo ...           (the main job on embedded defaults; see ``cassandra-cdc demo --help``)
+    cassandra-cdc status --store-url URL [--port 8080]   (status page, /metrics; ``cli.status``)
+    cassandra-cdc metrics --store-url URL                 (Prometheus text on stdout)
 
 Exit statuses, the same for every subcommand: ``exits``. ``inspect`` checks every input (segments, schema,
 keystore) before it reads a byte, so a bad argument is one line on stderr and no output; damage found while
@@ -226,7 +228,7 @@ def _inputs_phrase(segments: list, sstables: list) -> str:
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog=PROG, description="Cassandra change data capture: inspect commit-log segments, "
                                               "run the node agent, or run the demo.")
-    sub = p.add_subparsers(dest="command", required=True, metavar="{inspect,agent,demo}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{inspect,agent,demo,status,metrics}")
     ins = sub.add_parser("inspect", help="decode commit-log segments or SSTables and print their contents",
                          description="Decode commit-log segments or SSTables and print one record per row, static "
                                      "row, partition deletion and range tombstone marker (JSON Lines, or text).")
@@ -265,6 +267,9 @@ def build_parser() -> ArgumentParser:
                           "*-Data.db files or table directories")
     sub.add_parser("agent", help="ship cdc_raw segments to object storage (see: agent --help)", add_help=False)
     sub.add_parser("demo", help="run the whole pipeline on embedded servers (see: demo --help)", add_help=False)
+    sub.add_parser("status", help="serve a status page and /metrics about a pipeline (see: status --help)",
+                   add_help=False)
+    sub.add_parser("metrics", help="print a pipeline's metrics in the Prometheus text format", add_help=False)
     return p
 
 
@@ -285,6 +290,9 @@ def main(argv=None) -> int:
     if argv and argv[0] == "demo":
         from .demo import demo_main
         return demo_main(argv[1:])
+    if argv and argv[0] in ("status", "metrics"):
+        from .status import metrics_main, status_main
+        return (status_main if argv[0] == "status" else metrics_main)(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return _inspect(args)
