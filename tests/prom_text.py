@@ -86,7 +86,7 @@ def _check_histogram(name: str, samples: dict) -> None:
 
 def value(families: dict, sample: str, **labels) -> float:
     """The one sample named ``sample`` whose labels include ``labels``."""
-    family = next(f for f in families if sample == f or sample.startswith(f + "_"))
+    family = _family_of(families, sample)
     found = [v for (name, ls), v in families[family]["samples"].items()
              if name == sample and labels.items() <= dict(ls).items()]
     assert len(found) == 1, f"{sample} {labels}: {len(found)} samples"
@@ -95,5 +95,12 @@ def value(families: dict, sample: str, **labels) -> float:
 
 def samples(families: dict, sample: str) -> dict:
     """{labels dict as a sorted tuple: value} of every sample named ``sample``."""
-    family = next(f for f in families if sample == f or sample.startswith(f + "_"))
+    family = _family_of(families, sample)
     return {ls: v for (name, ls), v in families[family]["samples"].items() if name == sample}
+
+
+def _family_of(families: dict, sample: str) -> str:
+    """The family a sample belongs to: its name, or the longest family name it extends by a suffix of its type."""
+    owners = [f for f, fam in families.items() if any(sample == f + s for s in _SUFFIXES[fam["type"]])]
+    assert owners, f"no family has a sample {sample}"
+    return max(owners, key=len)

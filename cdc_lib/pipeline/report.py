@@ -87,7 +87,9 @@ def status_data(store: ObjectStore, cluster: str, last_batches: int = 50) -> dic
         for q in steps.get("quarantined") or []:
             quarantined.append({"batch_id": b.batch_id, **{k: q.get(k) for k in ("key", "kind", "reason")}})
     lag = (m.get("histograms") or {}).get("lag_seconds")
+    backlog_now = ((m.get("last") or {}).get("claim") or {}).get("backlog")
     return {"cluster": cluster, "store": store.url, "batches": batches, "quarantined": quarantined,
+            "backlog_segments": None if backlog_now is None else sum(n["segments"] for n in backlog_now.values()),
             "events_by_table": (m.get("totals") or {}).get("publish.by_table") or {},
             "lag_p50_s": _bound(lag, 0.5), "lag_p95_s": _bound(lag, 0.95),
             "totals": m.get("totals", {})}

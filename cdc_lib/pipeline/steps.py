@@ -141,7 +141,8 @@ def claim(config: PipelineConfig, run_id: str = "", *, fault: Fault = no_fault,
         requested = store.exists(SWEEP_REQUEST_KEY)
         sweep = now > prev_now and (requested or now - prev_now >= config.sweep_interval_s)
     if not chosen and not sweep and not snapshot:
-        counters = {"segments": 0, "bytes": 0, "pending": 0, "incomplete_uploads": incomplete, **health,
+        counters = {"batch_seq": seq, "segments": 0, "bytes": 0, "pending": 0, "incomplete_uploads": incomplete,
+                    **health,
                     "duration_s": round(time.monotonic() - t0, 3)}
         record_metrics(store, "claim", counters)
         return Batch(steps={"claim": counters})
