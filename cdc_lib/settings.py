@@ -384,6 +384,13 @@ class PipelineConfig:
     sweep_interval_s: int = 300                # an empty run sweeps TTL expiries this long after the last batch
     warn_no_segments_s: int = 3600             # claim warns when no segment arrived for this long (0: never)
     vacuum_retention_hours: int = 168          # Delta history the maintenance DAG keeps
+    # What is captured, besides cdc = true (cql.capture): keyspaces, keyspace.table, keyspace.table.column;
+    # a list or a comma-separated string. Empty include lists include everything.
+    include_keyspaces: list = field(default_factory=list)
+    exclude_keyspaces: list = field(default_factory=list)
+    include_tables: list = field(default_factory=list)
+    exclude_tables: list = field(default_factory=list)
+    exclude_columns: list = field(default_factory=list)
     app_id: str = "cassandra-cdc"
     kafka_conn_id: str = "cassandra_cdc_kafka"          # Airflow connections the DAG reads (see pipeline.airflow)
     s3_conn_id: str = "cassandra_cdc_s3"
