@@ -316,6 +316,8 @@ class AgentConfig:
     rate_window: float = 300.0  # seconds over which arrival and ship rates are compared
     max_backoff: float = 60.0
     log_level: str = "INFO"
+    metrics_port: int | None = None     # serve /metrics and /health on this port (0: any free port); None: off
+    metrics_host: str = "127.0.0.1"     # the endpoint is unauthenticated: bind wider only behind a firewall
 
     def __post_init__(self) -> None:
         self.cdc_raw = Path(self.cdc_raw)
@@ -329,6 +331,8 @@ class AgentConfig:
             raise ConfigError(f"warn_usage_fraction must be in (0, 1], got {self.warn_usage_fraction}")
         if self.cdc_total_space is not None and self.cdc_total_space <= 0:
             raise ConfigError(f"cdc_total_space must be > 0, got {self.cdc_total_space}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"metrics_port must be a TCP port (0-65535), got {self.metrics_port}")
         if self.max_backoff < self.poll_interval:
             self.max_backoff = self.poll_interval
         try:
@@ -380,6 +384,13 @@ class PipelineConfig:
     sweep_interval_s: int = 300                # an empty run sweeps TTL expiries this long after the last batch
     warn_no_segments_s: int = 3600             # claim warns when no segment arrived for this long (0: never)
     vacuum_retention_hours: int = 168          # Delta history the maintenance DAG keeps
+    # What is captured, besides cdc = true (cql.capture): keyspaces, keyspace.table, keyspace.table.column;
+    # a list or a comma-separated string. Empty include lists include everything.
+    include_keyspaces: list = field(default_factory=list)
+    exclude_keyspaces: list = field(default_factory=list)
+    include_tables: list = field(default_factory=list)
+    exclude_tables: list = field(default_factory=list)
+    exclude_columns: list = field(default_factory=list)
     app_id: str = "cassandra-cdc"
     kafka_conn_id: str = "cassandra_cdc_kafka"          # Airflow connections the DAG reads (see pipeline.airflow)
     s3_conn_id: str = "cassandra_cdc_s3"
@@ -458,5 +469,45 @@ class PipelineConfig:
 
 # Each consumer's YAML section; every key of every consumer is a known key for the others (one shared file).
 SECTIONS = {AgentConfig: "agent", PipelineConfig: "pipeline"}
+# The passwords of ``cassandra-cdc inspect --keystore`` (see ``secret``).
+KEYSTORE_PASSWORD_ENV = ENV_PREFIX + "KEYSTORE_PASSWORD"
+KEY_PASSWORD_ENV = ENV_PREFIX + "KEY_PASSWORD"
 # CASSANDRA_CDC_ variables that are not settings of a consumer (read where they are used).
-OTHER_ENV = frozenset()
+OTHER_ENV = frozenset({KEYSTORE_PASSWORD_ENV, KEY_PASSWORD_ENV})
+
+
+# ---------------------------------------------------------------------------------------------------- secrets
+# fsspec storage options that hold credentials (s3fs, gcsfs, adlfs): never taken from a command line, which
+# every user of the machine reads in the process list (``ps``).
+SECRET_STORAGE_OPTIONS = frozenset({
+    "key", "secret", "token", "password", "session_token", "aws_access_key_id", "aws_secret_access_key",
+    "aws_session_token", "account_key", "sas_token", "client_secret", "connection_string", "credentials"})
+
+
+def read_secret_file(path: str | Path, what: str) -> str:
+    """A secret kept in a file (the first line, without its line break; the file should be readable by its owner
+    only). ConfigError naming the file when it cannot be read or is empty."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{what} file {p}: cannot be read ({getattr(e, 'strerror', None) or e})") from None
+    value = text.split("\n", 1)[0].rstrip("\r")
+    if not value:
+        raise ConfigError(f"{what} file {p} is empty (the secret is its first line)")
+    return value
+
+
+def secret(what: str, *, file: str | Path | None = None, env_var: str | None = None,
+           env: Mapping[str, str] | None = None, command_line: str | None = None) -> str | None:
+    """A secret from a file, else the environment variable ``env_var``; ``command_line`` is the value of an
+    older flag that takes the secret itself (given together with a file it is an error). None when unset."""
+    if file is not None and command_line is not None:
+        raise ConfigError(f"give the {what} once: in a file or (visible to every user in the process list) on "
+                          "the command line, not both")
+    if file is not None:
+        return read_secret_file(file, what)
+    if command_line is not None:
+        return command_line
+    env = os.environ if env is None else env
+    return (env.get(env_var) or None) if env_var else None

@@ -86,7 +86,8 @@ def test_inspect_with_schema_file_every_kind(tmp_path):
     counters = [c for r in pv for c in r["cells"] if not c["deleted"]]      # (counter batches delete some)
     assert counters and all(isinstance(c["value"], int) for c in counters)
     text = run("inspect", "--schema", schema_file, "--format", "text", *cw.segments["node1"], check_exit=0).stdout
-    assert "shop.orders" in text and "DELETED" in text or "deleted at" in text
+    assert "shop.orders" in text
+    assert "DELETED" in text or "deleted at" in text
 
 
 REAL_40 = "4.0.11/CommitLog-7-1699285478684.log"
@@ -181,6 +182,10 @@ def _bad_inputs(tmp_path):
     no_key = tmp_path / "keystore.jceks"
     no_key.write_bytes(os.urandom(64))
     missing = tmp_path / "missing.log"
+    password = tmp_path / "keystore-password"
+    password.write_text("x\n")
+    empty = tmp_path / "empty-password"
+    empty.write_text("")
     return {
         "missing segment": (["inspect", "--schema-from-log", "SEG", missing],
                             f"{missing}: no such segment file"),
@@ -193,19 +198,26 @@ def _bad_inputs(tmp_path):
                                   "'DESCRIBE SCHEMA')"),
         "missing schema": (["inspect", "--schema", tmp_path / "nope.cql", "SEG"],
                            f"{tmp_path / 'nope.cql'}: no such schema file"),
-        "missing keystore": (["inspect", "--keystore", tmp_path / "nope.jceks", "--keystore-password", "x", "SEG"],
-                             f"{tmp_path / 'nope.jceks'}: no such keystore"),
-        "garbage keystore": (["inspect", "--keystore", no_key, "--keystore-password", "x", "SEG"],
+        "missing keystore": (["inspect", "--keystore", tmp_path / "nope.jceks", "--keystore-password-file", password,
+                              "SEG"], f"{tmp_path / 'nope.jceks'}: no such keystore"),
+        "garbage keystore": (["inspect", "--keystore", no_key, "--keystore-password-file", password, "SEG"],
                              f"keystore {no_key} cannot be read as JCEKS/JKS: Not a JKS or JCEKS keystore (magic "
                              "number wrong; expected FEEDFEED or CECECECE)"),
-        "keystore without password": (["inspect", "--keystore", no_key, "SEG"], "--keystore needs --keystore-password"),
-        "bad key": (["inspect", "--key", "k1=zz", "SEG"], "encryption key for 'k1' is not hexadecimal"),
+        "keystore without password": (["inspect", "--keystore", no_key, "SEG"],
+                                      "--keystore needs its password: --keystore-password-file FILE or "
+                                      "CASSANDRA_CDC_KEYSTORE_PASSWORD"),
+        "empty password file": (["inspect", "--keystore", no_key, "--keystore-password-file", empty, "SEG"],
+                                f"keystore password file {empty} is empty (the secret is its first line)"),
+        "key file without keys": (["inspect", "--key-file", empty, "SEG"],
+                                  f"{empty}: holds no encryption key (one ALIAS=HEX per line)"),
+        "bad key": (["inspect", "--key-file", prose, "SEG"], "encryption key 'just some notes' is not ALIAS=HEX"),
     }
 
 
 @pytest.mark.parametrize("case", ["missing segment", "directory", "binary schema", "schema without tables",
                                   "missing schema", "missing keystore", "garbage keystore",
-                                  "keystore without password", "bad key"])
+                                  "keystore without password", "empty password file", "key file without keys",
+                                  "bad key"])
 def test_bad_inputs_are_one_line_before_any_output(corpus, tmp_path, case):
     """Inputs are checked before anything is read: no partial output, no traceback, one line naming the file."""
     argv, message = _bad_inputs(tmp_path)[case]
@@ -239,6 +251,39 @@ def test_usage_errors_exit_1_and_help_documents_the_exit_statuses():
     assert "do not ship live prefixes" in " ".join(agent_help.split())
     demo_help = run("demo", "--help", check_exit=0).stdout
     assert "``" not in demo_help and "--seed SEED" in demo_help
+
+
+def _readme_exit_statuses() -> dict:
+    """The README's exit-status table: {status: meaning}."""
+    text = (REPO / "README.md").read_text()
+    table = text.split("### Exit status", 1)[1].split("\n\n", 2)[2].split("\n\n", 1)[0]
+    rows = [line.split("|")[1:3] for line in table.splitlines()[2:]]
+    return {int(status): meaning.strip() for status, meaning in rows}
+
+
+def test_every_exit_status_the_readme_promises(corpus, tmp_path):
+    """Each row of the README's exit-status table, produced by the installed command as a user would."""
+    promised = _readme_exit_statuses()
+    assert sorted(promised) == [0, 1, 2, 3], promised
+    seg = corpus / "commitlog" / REAL_40
+    ok = run("inspect", "--schema-from-log", seg)
+    assert ok.returncode == 0 and ok.stdout and ok.stderr == ""
+    usage = run("inspect", "--schema-from-log", tmp_path / "missing.log")     # nothing read
+    assert (usage.returncode, usage.stdout) == (1, "") and "no such segment file" in usage.stderr
+    damaged = run("inspect", "--schema-from-log", _copy(corpus, REAL_40, tmp_path, lambda raw: raw[:37500]))
+    assert damaged.returncode == 2 and damaged.stdout and "damaged input" in damaged.stderr
+    # could not finish: agent --once cannot ship (the store's incoming/ is a file, so no object can go there)
+    cdc_raw = tmp_path / "cdc_raw"
+    cdc_raw.mkdir()
+    (cdc_raw / "CommitLog-6-1.log").write_bytes((corpus / "commitlog" / REAL_30).read_bytes())
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "incoming").write_text("not a directory")
+    failed = run("agent", "--once", "--cdc-raw", cdc_raw, "--store-url", store, "--cluster", "c", "--node", "n1",
+                 "--state-dir", tmp_path / "state")
+    assert failed.returncode == 3, failed.stderr
+    assert "1 completed segment(s) not shipped" in failed.stdout
+    assert (cdc_raw / "CommitLog-6-1.log").exists()                             # nothing lost
 
 
 def test_every_option_of_every_subcommand_has_help_text():

@@ -462,20 +462,18 @@ public class CodecCheck {
 
 
 def _codec_jars() -> list[Path]:
-    try:
-        import pyspark
-    except ImportError:
-        return []
+    """Cassandra's codec libraries, as pyspark (a required package) ships them; missing ones fail the test."""
+    import pyspark
     jars = Path(pyspark.__file__).parent / "jars"
-    found = [next(iter(sorted(jars.glob(pattern))), None)
-             for pattern in ("lz4-java-*.jar", "snappy-java-*.jar", "zstd-jni-*.jar")]
-    return [j for j in found if j is not None] if all(found) else []
+    found = {pattern: sorted(jars.glob(pattern)) for pattern in ("lz4-java-*.jar", "snappy-java-*.jar",
+                                                                  "zstd-jni-*.jar")}
+    missing = [pattern for pattern, paths in found.items() if not paths]
+    assert not missing, f"{jars} lacks {missing}: is pyspark installed whole (scripts/setup.sh)?"
+    return [paths[0] for paths in found.values()]
 
 
 def test_cassandras_codec_libraries_read_our_payloads_and_we_read_theirs(tmp_path):
     jars = _codec_jars()
-    if not jars:
-        pytest.skip("lz4-java/snappy-java/zstd-jni jars not found (they ship with pyspark)")
     (tmp_path / "CodecCheck.java").write_text(JAVA_CODECS)
     samples = [b"", b"a", _sample(3000, 1), _sample(65536, 2), random.Random(3).randbytes(100000)]
     args = []

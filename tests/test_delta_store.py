@@ -260,8 +260,8 @@ def test_every_cql_type_has_a_natural_arrow_column_and_reads_back_from_delta(tmp
 
 
 def test_duckdb_and_polars_see_the_cql_table(tmp_path):
-    duckdb = pytest.importorskip("duckdb")
-    pl = pytest.importorskip("polars")
+    import duckdb
+    import polars as pl
     batches = _batches(8, n=60, parts=2)
     _, seen, last_now = _run(tmp_path, batches, check=False)
     table = SCHEMA.by_name("shop", "orders")

@@ -40,7 +40,6 @@ class Crash(Exception):
 
 @pytest.fixture(scope="module")
 def spark():
-    pytest.importorskip("pyspark")
     from cdc_lib.spark.session import local_session
     s = local_session()
     yield s

@@ -16,10 +16,8 @@ from cdc_lib.celllog.reader import read_cell_log
 from cdc_lib.celllog.schema import decode_clustering
 from cdc_lib.demo.workload import SAMPLE_SCHEMA_CQL, START_US, sample_schema, write_cluster_segments
 from cdc_lib.sinks.delta import DeltaRsStateStore, read_outbox, read_state, run_store_batch, visible_table
-
-pytest.importorskip("pyspark")
-from cdc_lib.spark.merge_job import run_batch  # noqa: E402
-from cdc_lib.spark.session import local_session  # noqa: E402
+from cdc_lib.spark.merge_job import run_batch
+from cdc_lib.spark.session import local_session
 
 REPO = Path(__file__).resolve().parents[1]
 NOW0 = START_US // 1_000_000

@@ -10,14 +10,12 @@ import uuid
 from pathlib import Path
 
 import pytest
-
-confluent_kafka = pytest.importorskip("confluent_kafka")
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition  # noqa: E402
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from cdc_lib.sinks.kafka import (BATCH_HEADER, EVENT_ID_HEADER, SEQ_HEADER, KafkaPublisher, LocalLedgerStore,
                                  OutboxEvent, PublishOrderError, PublishVerificationError, schema_change_topic,
                                  table_topic)
-from cdc_lib.storage.objects import ObjectStore  # noqa: E402
+from cdc_lib.storage.objects import ObjectStore
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,14 +1,16 @@
 """Property tests: the state engine and its events against the naive reference model.
 
-Random small schemas and random mutation streams of every kind (collection overwrites as Cassandra writes
-them, INSERTs over existing rows, static overwrites, batches of several statements on one partition with one
-timestamp or several) are written to three replicas, shuffled, split into batches at arbitrary points and fed
+Random small schemas (single and composite partition keys; frozen collections, frozen and non-frozen user
+types among the columns) and random mutation streams of every kind (collection and user-type overwrites as
+Cassandra writes them, INSERTs over existing rows, static overwrites, range deletions and the boundary markers of
+adjacent ones, batches of several statements on one partition with one timestamp or several) are written to three replicas, shuffled, split into batches at arbitrary points and fed
 batch by batch (with the expiry sweep between batches, and ``now`` moving forward) through
 ``state.events.process``. After every batch the engine's visible table must equal the model's; the events must
 replay to it, and show exactly the model's history, mutation after mutation (``event_invariant.check_events``).
 """
 from __future__ import annotations
 
+import functools
 import random
 import uuid
 
@@ -69,13 +71,30 @@ def _sample_value(rng: random.Random, t) -> bytes:
         return t.encode([rng.choice([-1, 0, 1]) for _ in range(rng.randint(0, 2))])
     if k == "tuple":
         return t.encode((rng.choice([None, 0, 1]), rng.choice(["a", "b"])))
+    if k == "set":
+        return t.encode(rng.sample([-1, 0, 1, 2], rng.randint(0, 2)))
+    if k == "map":
+        return t.encode({key: rng.choice([0, 1]) for key in rng.sample(["a", "b", "c"], rng.randint(0, 2))})
+    if k == "udt":
+        return t.encode({"f0": rng.choice([None, 0, 1]), "f1": rng.choice([None, "a", "b"])})
     raise AssertionError(k)
+
+
+# A user type (Cassandra: CREATE TYPE ks.pair (f0 int, f1 text)), as a non-frozen column (one cell per field,
+# path = the field's index) and a frozen one
+PAIR = cqltypes.udt_type("ks", "pair", ["f0", "f1"], [T("int"), T("text")])
+REGULAR_COLUMNS = (("v", T("int")), ("t", T("text")), ("s", T("set<int>")), ("m", T("map<text, int>")),
+                   ("l", T("list<int>")), ("fs", T("frozen<set<int>>")), ("fm", T("frozen<map<text, int>>")),
+                   ("u", PAIR), ("fu", PAIR.freeze()))
 
 
 def make_table(rng: random.Random, counter: bool = False) -> TableMetadata:
     cols = {}
-    pk = ColumnMetadata("pk", T("int"), PARTITION_KEY, 0)
-    cols["pk"] = pk
+    if rng.random() < 0.3:       # a composite partition key: (pk, pk2)
+        pks = [ColumnMetadata("pk", T("int"), PARTITION_KEY, 0), ColumnMetadata("pk2", T("text"), PARTITION_KEY, 1)]
+    else:
+        pks = [ColumnMetadata("pk", T("int"), PARTITION_KEY, 0)]
+    cols.update((c.name, c) for c in pks)
     clustering = []
     for i in range(rng.randint(0, 2)):
         c = ColumnMetadata(f"c{i}", T(rng.choice(CLUSTERING_TYPES)), CLUSTERING, i, rng.random() < 0.5)
@@ -86,13 +105,13 @@ def make_table(rng: random.Random, counter: bool = False) -> TableMetadata:
             cols[n] = ColumnMetadata(n, T("counter"), REGULAR)
         flags = frozenset({"compound", "counter"})
     else:
-        for n, ty in (("v", "int"), ("t", "text"), ("s", "set<int>"), ("m", "map<text, int>"), ("l", "list<int>")):
-            cols[n] = ColumnMetadata(n, T(ty), REGULAR)
+        for n, ty in rng.sample(REGULAR_COLUMNS, rng.randint(4, len(REGULAR_COLUMNS))):
+            cols[n] = ColumnMetadata(n, ty, REGULAR)
         if clustering:
             cols["st"] = ColumnMetadata("st", T("int"), STATIC)
             cols["ss"] = ColumnMetadata("ss", T("set<int>"), STATIC)
         flags = frozenset({"compound"})
-    return TableMetadata("ks", "t", uuid.UUID(int=rng.getrandbits(128)), [pk], clustering, cols, flags=flags)
+    return TableMetadata("ks", "t", uuid.UUID(int=rng.getrandbits(128)), pks, clustering, cols, flags=flags)
 
 
 class Gen:
@@ -123,7 +142,7 @@ class Gen:
         each with its own USING TIMESTAMP (counter batches cannot). The id is that of its serialized bytes."""
         rng = self.rng
         t = self.table
-        pk = t.columns["pk"].type.encode(rng.choice([1, 2]))
+        pk = self.partition_key()
         if rng.random() < 0.2:
             shared = self.ts() if t.is_counter or rng.random() < 0.5 else None
             parts = []
@@ -136,6 +155,14 @@ class Gen:
         m = Mutation([finish_update(update)])
         m.mutation_id = mutation_id(encode_mutation(m, None))
         return m
+
+    def partition_key(self) -> bytes:
+        """One of two partitions; a composite key serialized as Cassandra's CompositeType."""
+        n = self.rng.choice([1, 2])
+        pks = self.table.partition_key
+        if len(pks) == 1:
+            return pks[0].type.encode(n)
+        return cqltypes.composite_encode([c.type for c in pks], [n, "x" if n == 1 else ""])
 
     def statement(self, pk: bytes, ts: int, ranges: bool = True) -> PartitionUpdate:
         rng = self.rng
@@ -177,10 +204,16 @@ class Gen:
                 if rng.random() < 0.1:
                     cells.append(Cell(col.name, b"", ts, 0, self.ldt(), None, True))
                     continue
+                # Cassandra 2.1+ writes global shards; remote and local ones come with older data (here: the
+                # writes before ts 4 and 7), and the merge (kind, then clock, then count) must hold for them
+                # too. A node's clock for its counter id only grows (clock = ts), and a later write never
+                # brings an older kind of shard: with deletions in between, which shard a delete shadows
+                # would otherwise depend on when Cassandra compacts.
+                kind = "remote" if ts < 4 else "local" if ts < 7 else "global"
                 shards = []
                 for cid in sorted(rng.sample([uuid.UUID(int=1), uuid.UUID(int=2), uuid.UUID(int=3)],
                                              rng.randint(1, 2)), key=lambda u: u.bytes):
-                    shards.append((cid, ts, rng.randint(-5, 9), "global"))
+                    shards.append((cid, ts, rng.randint(-5, 9), kind))
                 cells.append(Cell(col.name, cqltypes.encode_counter_context(shards), ts))
             elif col.type.multicell:
                 # INSERT and SET c = {...}: the old collection deleted at ts - 1, the new elements at ts;
@@ -194,7 +227,10 @@ class Gen:
                     continue
                 et = col.type.subtypes[0]
                 for _ in range(rng.randint(0 if action == "overwrite" else 1, 2)):
-                    if k == "list":
+                    if k == "udt":         # SET u.f = x; a removal is SET u.f = null (a tombstone at the path)
+                        i = rng.randrange(len(col.type.subtypes))
+                        path, value = cqltypes.SMALLINT.encode(i), _sample_value(rng, col.type.subtypes[i])
+                    elif k == "list":
                         path = rng.choice(TIMEUUIDS).bytes
                         value = _sample_value(rng, et)
                     elif k == "set":
@@ -231,8 +267,20 @@ class Gen:
         if rng.random() < 0.2:
             b = ()
             ei = True
-        return [RangeTombstoneMarker(BoundKind.INCL_START_BOUND if si else BoundKind.EXCL_START_BOUND, a, d),
-                RangeTombstoneMarker(BoundKind.INCL_END_BOUND if ei else BoundKind.EXCL_END_BOUND, b, d)]
+        start = RangeTombstoneMarker(BoundKind.INCL_START_BOUND if si else BoundKind.EXCL_START_BOUND, a, d)
+        end = RangeTombstoneMarker(BoundKind.INCL_END_BOUND if ei else BoundKind.EXCL_END_BOUND, b, d)
+        if n and rng.random() < 0.4:
+            # Two adjacent ranges with different deletion times in one mutation (a batch of two range deletes
+            # USING TIMESTAMP): Cassandra writes a start, a boundary marker that closes the first range and
+            # opens the second, an end
+            points = sorted({self.ck()[:n] for _ in range(3)}, key=functools.cmp_to_key(lambda x, y: _cmp_prefix(t, x, y)))
+            d2 = DeletionTime(self.ts(), self.ldt())
+            if len(points) == 3 and d2.marked_for_delete_at != ts:
+                a, middle, b = points
+                kind = rng.choice([BoundKind.EXCL_END_INCL_START_BOUNDARY, BoundKind.INCL_END_EXCL_START_BOUNDARY])
+                return [RangeTombstoneMarker(start.kind, a, d), RangeTombstoneMarker(kind, middle, None, d, d2),
+                        RangeTombstoneMarker(end.kind, b, d2)]
+        return [start, end]
 
 
 def _one_cell_per_path(cells: list) -> list:

@@ -272,6 +272,23 @@ def test_counter_contexts_merge_highest_clock_per_counter_id():
     assert merge_counter_contexts(ctx((1, 1, 5, "global")), ctx((1, 1, 5, "global"))) == ctx((1, 1, 5, "global"))
 
 
+@pytest.mark.parametrize("winner, loser", [
+    ((1, 1, 2, "global"), (1, 9, 5, "local")),      # global beats local, whatever the clocks
+    ((1, 1, 2, "global"), (1, 9, 5, "remote")),     # global beats remote
+    ((1, 1, 2, "local"), (1, 9, 5, "remote")),      # local beats remote
+    ((1, 5, 2, "global"), (1, 4, 9, "global")),     # one kind: the higher clock
+    ((1, 5, 9, "remote"), (1, 5, 2, "remote")),     # one kind, one clock: the higher count
+])
+def test_counter_shards_merge_by_kind_then_clock_then_count_on_the_engine_path(winner, loser):
+    """The rule as ``apply_record`` (what every batch runs) joins counter cells, not only ``merge_counter_contexts``:
+    per counter id global > local > remote, then clock, then count; the cells' own timestamps do not matter
+    (the loser comes in a newer cell), nor does the order (``state_of`` tries every one)."""
+    table = make_table(counter=True)
+    other = (2, 3, 100, "global")
+    recs = [rec("cell", 10, ck(1), "n", ctx(winner, other)), rec("cell", 20, ck(1), "n", ctx(loser))]
+    assert row(recs, table=table)["n"] == winner[2] + 100
+
+
 def test_counter_tombstone_wins_whatever_its_timestamp():
     table = make_table(counter=True)
     recs = [rec("row_liveness", 1, ck(1)), rec("cell", 10, ck(1), "n", ctx((1, 1, 5, "global"))),

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cdc_lib.errors import ConfigError, FormatError
+from cdc_lib.metrics import new_histogram, observe
 from cdc_lib.settings import AgentConfig
 from cdc_lib.storage.layout import Layout
 from cdc_lib.storage.objects import ObjectNotFound, ObjectStore, sha256_bytes, sha256_file
@@ -90,12 +91,34 @@ class Agent:
             "last_error": None, "last_error_time": None, "last_shipped_segment": None, "last_success_time": None,
             "cdc_raw_bytes": 0, "cdc_total_space": total, "cdc_usage_fraction": 0.0, "pending_segments": 0,
             "live_segments": 0, "unreadable_idx": 0, "arrival_rate": 0.0, "ship_rate": 0.0,
-            "started_at": time.time(),
+            "started_at": time.time(), "last_pass_time": None,
+            # seconds from a segment's close (its last write in cdc_raw) to its verified copy in the store
+            "ship_delay_seconds": new_histogram(),
         }
 
     # -------------------------------------------------------------- public
     def metrics(self) -> dict[str, Any]:
-        return dict(self._m)
+        """A copy of the counters (safe to read from another thread, e.g. the metrics endpoint's)."""
+        hist = self._m["ship_delay_seconds"]
+        return {**self._m, "ship_delay_seconds": {**hist, "counts": list(hist["counts"])}}
+
+    def health(self, wall_clock: float | None = None) -> list[str]:
+        """Why the agent cannot ship now (empty when healthy): the last attempt failed, the polling loop has not
+        finished a pass for a long while (stuck on a hung mount or store), or ``cdc_raw`` is full (Cassandra
+        rejects writes to CDC tables)."""
+        now = time.time() if wall_clock is None else wall_clock
+        m = self._m
+        problems = []
+        if m["consecutive_failures"]:
+            problems.append(f"{m['consecutive_failures']} attempt(s) in a row failed; last error: {m['last_error']}")
+        stale_after = 3 * self.config.poll_interval + self.config.max_backoff + 30
+        last = m["last_pass_time"] if m["last_pass_time"] is not None else m["started_at"]
+        if now - last > stale_after:
+            problems.append(f"no pass over cdc_raw finished for {now - last:.0f} s (more than {stale_after:.0f} s)")
+        if m["cdc_usage_fraction"] >= 1:
+            problems.append(f"cdc_raw is full ({m['cdc_raw_bytes']:,} of {m['cdc_total_space']:,} bytes): "
+                            "Cassandra rejects writes to CDC tables")
+        return problems
 
     def stop(self) -> None:
         """Ask the loop to stop after the current step (what the SIGTERM handler calls)."""
@@ -166,6 +189,7 @@ class Agent:
         self.space.observe(self.clock(), scan.total_bytes, self._m["bytes_shipped"])
         self._m["arrival_rate"] = round(self.space.arrival_rate, 3)
         self._m["ship_rate"] = round(self.space.ship_rate, 3)
+        self._m["last_pass_time"] = time.time()
         self._write_status()
         return shipped
 
@@ -227,6 +251,7 @@ class Agent:
         key = Layout.incoming(self.config.cluster, self.config.node, seg.name)
         record_path = self._record_path(seg.name)
         try:
+            closed_at = _closed_at(seg)
             checksum, size = sha256_file(seg.path)
         except FileNotFoundError:
             self._m["segments_lost"] += 1
@@ -265,6 +290,7 @@ class Agent:
         if uploaded:
             self._m["segments_shipped"] += 1
             self._m["bytes_shipped"] += size
+            observe(self._m["ship_delay_seconds"], max(0.0, time.time() - closed_at))
         self._m["last_shipped_segment"] = seg.name
         self._m["last_success_time"] = time.time()
         log.info("shipped %s (%d bytes, sha256 %s) to %s", seg.name, size, checksum[:16], self.store.url_for(key))
@@ -384,6 +410,17 @@ class Agent:
             _write_json_atomic(self.status_path, {**self._m, "time": time.time()}, durable=False)
         except OSError as e:
             log.warning("cannot write status file %s: %s", self.status_path, e)
+
+
+def _closed_at(seg: CdcSegment) -> float:
+    """When Cassandra last wrote the segment or its idx (the idx gets COMPLETED when the segment closes)."""
+    times = [seg.path.stat().st_mtime]
+    for p in _idx_paths(seg.path.parent, seg.stem):
+        try:
+            times.append(p.stat().st_mtime)
+        except FileNotFoundError:
+            pass
+    return max(times)
 
 
 def _read_json(path: Path) -> dict | None:

@@ -10,6 +10,7 @@ import threading
 from typing import Any
 
 from cdc_lib import settings as config_mod
+from cdc_lib.agent.endpoint import MetricsEndpoint
 from cdc_lib.agent.shipper import Agent
 from cdc_lib.errors import ConfigError
 from cdc_lib.settings import AgentConfig
@@ -27,7 +28,9 @@ def build_parser(prog: str = "cassandra-cdc agent") -> argparse.ArgumentParser:
     p.add_argument("--cdc-raw", dest="cdc_raw", help="Cassandra's cdc_raw directory")
     p.add_argument("--store-url", dest="store_url", help="store root: /dir, file:///dir, s3://bucket/prefix, ...")
     p.add_argument("--storage-option", dest="storage_option", action="append", metavar="KEY=VALUE",
-                   help="fsspec storage option, repeatable (e.g. endpoint_url=http://127.0.0.1:8333)")
+                   help="fsspec storage option, repeatable (e.g. endpoint_url=http://127.0.0.1:8333); credentials "
+                        "are refused here (the process list shows them): use AWS_ACCESS_KEY_ID/"
+                        "AWS_SECRET_ACCESS_KEY, CASSANDRA_CDC_STORAGE_OPTIONS or the settings file")
     p.add_argument("--cluster", help="cluster name (first part of every key)")
     p.add_argument("--node", help="node name (default: this host's name)")
     p.add_argument("--poll-interval", dest="poll_interval", type=float, help="seconds between scans (1)")
@@ -43,6 +46,10 @@ def build_parser(prog: str = "cassandra-cdc agent") -> argparse.ArgumentParser:
     p.add_argument("--rate-window", dest="rate_window", type=float,
                    help="seconds over which arrival and ship rates are compared (300)")
     p.add_argument("--max-backoff", dest="max_backoff", type=float, help="longest retry delay in seconds (60)")
+    p.add_argument("--metrics-port", dest="metrics_port", type=int,
+                   help="serve Prometheus /metrics and /health on this port (default: no endpoint)")
+    p.add_argument("--metrics-host", dest="metrics_host",
+                   help="address the endpoint binds (127.0.0.1; it is unauthenticated)")
     p.add_argument("--log-level", dest="log_level", help="DEBUG, INFO, WARNING, ERROR (INFO)")
     p.add_argument("--once", action="store_true",
                    help="one pass, print what it did, then exit (3 if a segment could not be shipped)")
@@ -52,7 +59,14 @@ def build_parser(prog: str = "cassandra-cdc agent") -> argparse.ArgumentParser:
 def load_agent_config(args: argparse.Namespace, env: dict[str, str] | None = None) -> AgentConfig:
     flags = {k: v for k, v in vars(args).items() if k not in ("config", "once", "storage_option")}
     if args.storage_option:
-        flags["storage_options"] = config_mod.parse_key_values(args.storage_option)
+        options = config_mod.parse_key_values(args.storage_option)
+        exposed = sorted(k for k in options if k.lower() in config_mod.SECRET_STORAGE_OPTIONS)
+        if exposed:
+            raise ConfigError(f"--storage-option {', '.join(exposed)}: credentials on the command line are visible to "
+                              "every user of this machine (ps); give them as AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY "
+                              f"(s3fs reads them), in {config_mod.ENV_PREFIX}STORAGE_OPTIONS or under storage_options "
+                              "in the settings file (readable by the agent's user only)")
+        flags["storage_options"] = options
     return config_mod.load(AgentConfig, flags=flags, env=env, config_file=args.config, section="agent")
 
 
@@ -66,6 +80,9 @@ def agent_main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"unknown log level {cfg.log_level!r}")
         logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         agent = Agent(cfg)
+        endpoint = None
+        if cfg.metrics_port is not None and not args.once:
+            endpoint = MetricsEndpoint(agent, cfg.metrics_host, cfg.metrics_port)
     except ConfigError as e:
         print(f"cassandra-cdc agent: {e}", file=sys.stderr)
         return exits.USAGE
@@ -85,6 +102,8 @@ def agent_main(argv: list[str] | None = None) -> int:
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+        if endpoint is not None:
+            endpoint.close()
     return 0
 
 

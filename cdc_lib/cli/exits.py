@@ -1,4 +1,5 @@
-"""Exit statuses of the ``cassandra-cdc`` command, one scheme for every subcommand (inspect, agent, demo).
+"""Exit statuses of the ``cassandra-cdc`` command, one scheme for every subcommand (inspect, agent, demo, status,
+metrics).
 
 ``2`` means damaged input, as it did from the start, so scripts can tell "the files are damaged" from "the command
 was used wrongly" (``1``, which argparse would otherwise report as ``2``) and from "it could not finish" (``3``).

@@ -1,9 +1,11 @@
 """The ``cassandra-cdc`` command.
 
-    cassandra-cdc inspect [--schema FILE | --schema-from-log] [--keystore PATH --keystore-password PW |
-                          --key ALIAS=HEX] [--format json|text] [--system] [--strict] SEGMENT|SSTABLE...
+    cassandra-cdc inspect [--schema FILE | --schema-from-log] [--keystore PATH [--keystore-password-file FILE] |
+                          --key-file FILE] [--format json|text] [--system] [--strict] SEGMENT|SSTABLE...
     cassandra-cdc agent ...          (see ``cassandra-cdc agent --help``)
     cassandra-cdc demo ...           (the main job on embedded defaults; see ``cassandra-cdc demo --help``)
+    cassandra-cdc status --store-url URL [--port 8080]   (status page, /metrics; ``cli.status``)
+    cassandra-cdc metrics --store-url URL                 (Prometheus text on stdout)
 
 Exit statuses, the same for every subcommand: ``exits``. ``inspect`` checks every input (segments, schema,
 keystore) before it reads a byte, so a bad argument is one line on stderr and no output; damage found while
@@ -83,17 +85,41 @@ def _load_schema(path: str, *, table_ids: bool = True):
     return schema
 
 
+# Secrets given on the command line are visible to every user of the machine (``ps``): still accepted, with a
+# warning naming the safe forms.
+_EXPOSED = ("{flag} puts a secret on the command line, where every user of this machine can read it (ps); "
+            "use {safe}")
+
+
 def _load_keys(args):
-    if args.key and args.keystore:
-        raise CdcError("give either --key or --keystore, not both")
+    from cdc_lib.settings import KEY_PASSWORD_ENV, KEYSTORE_PASSWORD_ENV, secret
+    if (args.key or args.key_file) and args.keystore:
+        raise CdcError("give either --key/--key-file or --keystore, not both")
     from cdc_lib.commitlog.encryption import EncryptionKeys
-    if args.key:
-        return EncryptionKeys.from_hex(",".join(args.key))
+    for flag, value, safe in (("--key", args.key, "--key-file"),
+                              ("--keystore-password", args.keystore_password,
+                               f"--keystore-password-file or {KEYSTORE_PASSWORD_ENV}"),
+                              ("--key-password", args.key_password, f"--key-password-file or {KEY_PASSWORD_ENV}")):
+        if value is not None:
+            print(f"{PROG} inspect: warning: " + _EXPOSED.format(flag=flag, safe=safe), file=sys.stderr)
+    if args.key or args.key_file:
+        specs = list(args.key or [])
+        if args.key_file:
+            lines = _readable_file(args.key_file, "key file").read_text(encoding="utf-8", errors="replace")
+            found = [line.strip() for line in lines.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+            if not found:
+                raise InputError(args.key_file, "holds no encryption key (one ALIAS=HEX per line)")
+            specs += found
+        return EncryptionKeys.from_hex(",".join(specs))
     if args.keystore:
-        if args.keystore_password is None:
-            raise CdcError("--keystore needs --keystore-password")
+        password = secret("keystore password", file=args.keystore_password_file, env_var=KEYSTORE_PASSWORD_ENV,
+                          command_line=args.keystore_password)
+        if password is None:
+            raise CdcError(f"--keystore needs its password: --keystore-password-file FILE or {KEYSTORE_PASSWORD_ENV}")
+        key_password = secret("key password", file=args.key_password_file, env_var=KEY_PASSWORD_ENV,
+                              command_line=args.key_password)
         _readable_file(args.keystore, "keystore")
-        return EncryptionKeys.from_keystore(args.keystore, args.keystore_password, args.key_password)
+        return EncryptionKeys.from_keystore(args.keystore, password, key_password)
     return None
 
 
@@ -202,7 +228,7 @@ def _inputs_phrase(segments: list, sstables: list) -> str:
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog=PROG, description="Cassandra change data capture: inspect commit-log segments, "
                                               "run the node agent, or run the demo.")
-    sub = p.add_subparsers(dest="command", required=True, metavar="{inspect,agent,demo}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{inspect,agent,demo,status,metrics}")
     ins = sub.add_parser("inspect", help="decode commit-log segments or SSTables and print their contents",
                          description="Decode commit-log segments or SSTables and print one record per row, static "
                                      "row, partition deletion and range tombstone marker (JSON Lines, or text).")
@@ -212,11 +238,23 @@ def build_parser() -> ArgumentParser:
                           "ID = ... option, SSTables do not)")
     src.add_argument("--schema-from-log", action="store_true",
                      help="take the schema from system_schema mutations inside the segments")
-    ins.add_argument("--keystore", metavar="PATH", help="JCEKS/PKCS12 keystore with the commit-log encryption key")
-    ins.add_argument("--keystore-password", metavar="PW", help="the keystore's password (with --keystore)")
-    ins.add_argument("--key-password", metavar="PW", help="key password if it differs from the keystore password")
+    ins.add_argument("--keystore", metavar="PATH", help="JCEKS/PKCS12 keystore with the commit-log encryption key; "
+                                                         "its password from --keystore-password-file or "
+                                                         "$CASSANDRA_CDC_KEYSTORE_PASSWORD")
+    ins.add_argument("--keystore-password-file", metavar="FILE",
+                     help="file whose first line is the keystore's password")
+    ins.add_argument("--key-password-file", metavar="FILE",
+                     help="file whose first line is the key password, if it differs from the keystore's (or "
+                          "$CASSANDRA_CDC_KEY_PASSWORD)")
+    ins.add_argument("--key-file", metavar="FILE",
+                     help="encryption keys given directly: one ALIAS=HEX per line")
+    ins.add_argument("--keystore-password", metavar="PW",
+                     help="the keystore's password itself: visible to every user in the process list, prefer "
+                          "--keystore-password-file")
+    ins.add_argument("--key-password", metavar="PW",
+                     help="the key password itself: visible in the process list, prefer --key-password-file")
     ins.add_argument("--key", action="append", metavar="ALIAS=HEX",
-                     help="an encryption key given directly (repeatable)")
+                     help="an encryption key itself (repeatable): visible in the process list, prefer --key-file")
     ins.add_argument("--format", choices=("json", "text"), default="json",
                      help="json: one JSON object per line (default); text: readable lines")
     ins.add_argument("--system", action="store_true",
@@ -229,6 +267,9 @@ def build_parser() -> ArgumentParser:
                           "*-Data.db files or table directories")
     sub.add_parser("agent", help="ship cdc_raw segments to object storage (see: agent --help)", add_help=False)
     sub.add_parser("demo", help="run the whole pipeline on embedded servers (see: demo --help)", add_help=False)
+    sub.add_parser("status", help="serve a status page and /metrics about a pipeline (see: status --help)",
+                   add_help=False)
+    sub.add_parser("metrics", help="print a pipeline's metrics in the Prometheus text format", add_help=False)
     return p
 
 
@@ -249,6 +290,9 @@ def main(argv=None) -> int:
     if argv and argv[0] == "demo":
         from .demo import demo_main
         return demo_main(argv[1:])
+    if argv and argv[0] in ("status", "metrics"):
+        from .status import metrics_main, status_main
+        return (status_main if argv[0] == "status" else metrics_main)(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return _inspect(args)

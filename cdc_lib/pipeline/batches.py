@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from cdc_lib.errors import CdcError
+from cdc_lib.metrics import new_histogram, observe
 from cdc_lib.settings import PipelineConfig
 from cdc_lib.storage.layout import Layout
 from cdc_lib.storage.objects import ObjectStore
@@ -35,7 +36,7 @@ Fault = Callable[[str], None]
 
 # Counters that describe the store at one moment (a backlog, a count of foreign segments): the last value is
 # kept, never summed into the totals.
-GAUGES = frozenset({"batch_seq", "pending", "incomplete_uploads", "foreign_segments"})
+GAUGES = frozenset({"batch_seq", "pending", "incomplete_uploads", "foreign_segments", "backlog"})
 
 
 class PipelineError(CdcError):
@@ -114,8 +115,15 @@ def processing_time(config: PipelineConfig) -> int:
     return int(config.now) if config.now is not None else int(time.time())
 
 
-def record_metrics(store: ObjectStore, step: str, counters: dict) -> None:
-    """Log the step's counters and fold them into ``checkpoints/metrics.json`` (totals + last run per step)."""
+def record_metrics(store: ObjectStore, step: str, counters: dict,
+                   observations: dict[str, list[float]] | None = None) -> None:
+    """Log the step's counters and fold them into ``checkpoints/metrics.json``.
+
+    It keeps the last run per step (``last``), totals of the numeric counters (``totals``, ``<step>.<counter>``;
+    a counter that is a mapping, such as events per table and op, is summed key by key) and histograms
+    (``histograms``): the step's ``duration_s`` as ``step_duration_seconds.<step>``, and each of
+    ``observations`` (name -> values, e.g. the publish step's ``lag_seconds``).
+    """
     log.info("%s: %s", step, json.dumps(counters, sort_keys=True))
     try:
         m = store.get_json(METRICS_KEY) if store.exists(METRICS_KEY) else {}
@@ -123,14 +131,39 @@ def record_metrics(store: ObjectStore, step: str, counters: dict) -> None:
         m = {}
     m.setdefault("totals", {})
     m.setdefault("last", {})
+    m.setdefault("histograms", {})
     m["last"][step] = {**counters, "at": int(time.time())}
     summable = {"resumed"} if counters.get("repeat") else None    # a resumed step's work is counted once
     for k, v in counters.items():
-        if summable is None or k in summable:
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and not k.endswith("_s") and k not in GAUGES:
-                key = f"{step}.{k}"
+        if (summable is None or k in summable) and not k.endswith("_s") and k not in GAUGES:
+            key = f"{step}.{k}"
+            if isinstance(v, dict):
+                m["totals"][key] = _sum_into(m["totals"].get(key) or {}, v)
+            elif _is_count(v):
                 m["totals"][key] = m["totals"].get(key, 0) + v
+    observed = dict(observations or {})
+    if _is_count(counters.get("duration_s")):
+        observed[f"step_duration_seconds.{step}"] = [counters["duration_s"]]
+    for name, values in observed.items():
+        hist = m["histograms"].get(name) or new_histogram()
+        for value in values:
+            observe(hist, value)
+        m["histograms"][name] = hist
     store.put_json(METRICS_KEY, m)
+
+
+def _is_count(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _sum_into(total: dict, add: dict) -> dict:
+    """``add`` summed into ``total`` key by key, nested mappings too."""
+    for k, v in add.items():
+        if isinstance(v, dict):
+            total[k] = _sum_into(total.get(k) or {}, v)
+        elif _is_count(v):
+            total[k] = total.get(k, 0) + v
+    return total
 
 
 def read_metrics(config: PipelineConfig) -> dict:

@@ -1,6 +1,7 @@
 """What a pipeline run is pointed at: the store, Kafka, Spark, the schema source (``PipelineConfig``)."""
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -31,7 +32,14 @@ def delta_root(config: PipelineConfig, store: ObjectStore) -> str:
 
 
 def load_schema(config: PipelineConfig):
-    """The CQL schema the decoder types values with (``schema_source``)."""
+    """The CQL schema the decoder types values with (``schema_source``), with the capture rules applied (the
+    include/exclude settings: ``cql.capture``), so every step sees the same tables and columns."""
+    from cdc_lib.cql.capture import CaptureRules
+    rules = CaptureRules(*(tuple(getattr(config, f.name)) for f in dataclasses.fields(CaptureRules)))
+    return rules.apply(_full_schema(config))
+
+
+def _full_schema(config: PipelineConfig):
     if config.schema_source == "cql":
         if not config.schema_file:
             raise ConfigError("schema_source 'cql' needs schema_file (a CQL file with table IDs)")

@@ -125,16 +125,18 @@ def claim(config: PipelineConfig, run_id: str = "", *, fault: Fault = no_fault,
         return last
 
     candidates, incomplete = _candidates(store, config, incoming)
+    health["backlog"] = _backlog(candidates)
     chosen, size = [], 0
     replay_share = claim_replay(store, config, last)      # a requested replay goes before new segments
     if replay_share is not None:
-        chosen, replay = replay_share
+        chosen, replay = replay_share                         # (no shipped_at: a replay is not lag)
         size = sum(s["size"] for s in chosen)
     else:
         replay = {}
         for seg in candidates:
             if chosen and (len(chosen) >= config.max_segments or size + seg["size"] > config.max_bytes):
                 break
+            seg["shipped_at"] = store.committed_at(seg["key"])    # where the publish step's lag starts
             chosen.append(seg)
             size += seg["size"]
     now = processing_time(config)
@@ -149,7 +151,8 @@ def claim(config: PipelineConfig, run_id: str = "", *, fault: Fault = no_fault,
             requested = store.exists(SWEEP_REQUEST_KEY)
             sweep = now > prev_now and (requested or now - prev_now >= config.sweep_interval_s)
     if not chosen and not sweep and not snapshot and not replay:
-        counters = {"segments": 0, "bytes": 0, "pending": 0, "incomplete_uploads": incomplete, **health,
+        counters = {"batch_seq": seq, "segments": 0, "bytes": 0, "pending": 0, "incomplete_uploads": incomplete,
+                    **health,
                     "duration_s": round(time.monotonic() - t0, 3)}
         record_metrics(store, "claim", counters)
         return Batch(steps={"claim": counters})
@@ -174,6 +177,17 @@ def claim(config: PipelineConfig, run_id: str = "", *, fault: Fault = no_fault,
     fault("claim:pointer_written")
     record_metrics(store, "claim", counters)
     return batch
+
+
+def _backlog(candidates: list) -> dict:
+    """{node: {"segments": n, "bytes": b}}: complete segments in ``incoming/`` not processed yet (this claim's
+    included)."""
+    out: dict = {}
+    for seg in candidates:
+        node = out.setdefault(seg["node"], {"segments": 0, "bytes": 0})
+        node["segments"] += 1
+        node["bytes"] += seg["size"]
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ 2. transform
@@ -341,6 +355,8 @@ def _outbox_events(config: PipelineConfig, root: str, batch: Batch, tally: dict,
         tally["by_op"][r["op"]] = tally["by_op"].get(r["op"], 0) + 1
         tname = f"{r['keyspace']}.{r['table']}"
         tally["by_table"][tname] = tally["by_table"].get(tname, 0) + 1
+        ops = tally["by_table_op"].setdefault(tname, {})
+        ops[r["op"]] = ops.get(r["op"], 0) + 1
         if config.kafka_tombstones and r["op"] == "d":
             out.append(OutboxEvent(f"{r['event_id']}.tombstone", topic, key, None, seq))
             seq += 1
@@ -362,21 +378,26 @@ def publish(config: PipelineConfig, batch, *, fault: Fault = no_fault) -> Batch:
     codec = _codec(config, store)
     t0 = time.monotonic()
     fault("publish:before")
-    tally: dict = {"by_op": {}, "by_table": {}}
+    tally: dict = {"by_op": {}, "by_table": {}, "by_table_op": {}}
     events = _outbox_events(config, delta_root(config, store), batch, tally, codec)
     publisher = KafkaPublisher(config.kafka_bootstrap, store, ledger_prefix=Layout.LEDGER,
                                num_partitions=config.kafka_partitions, timeout_s=config.kafka_timeout_s,
                                fault=lambda point, **info: fault(f"publish:{point}"))
     res = publisher.publish_batch(batch.batch_id, events)
+    in_kafka = time.time()
+    # Lag: from each segment's arrival in the store to its events in Kafka (the agent's ship_delay_seconds
+    # covers cdc_raw -> store). A batch published before (a rerun) adds no lag: its events were in Kafka already.
+    lags = [] if res.skipped else [max(0.0, in_kafka - s["shipped_at"]) for s in batch.segments if "shipped_at" in s]
     counters = {"events": res.events, "produced": res.produced, "already_in_kafka": res.already_in_kafka,
                 "skipped_duplicates": res.already_in_kafka, "ledger_skipped": int(res.skipped),
-                "by_op": tally["by_op"], "by_table": tally["by_table"],
+                "by_op": tally["by_op"], "by_table": tally["by_table"], "by_table_op": tally["by_table_op"],
+                "lag_max_s": round(max(lags), 3) if lags else None,
                 "duration_s": round(time.monotonic() - t0, 3)}
     fault("publish:done")
     batch.steps["publish"] = counters
     batch.state = "published"
     save_batch(store, batch)
-    record_metrics(store, "publish", counters)
+    record_metrics(store, "publish", counters, {"lag_seconds": lags})
     return batch
 
 

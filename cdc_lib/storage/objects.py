@@ -312,6 +312,17 @@ class ObjectStore:
         size = self._size(key)
         return ObjectInfo(key, size, self._read_sidecar(key))
 
+    def committed_at(self, key: str) -> float:
+        """When ``key`` became complete (its sidecar was written; unix time by the store's clock)."""
+        path = self._path(key + CHECKSUM_SUFFIX)
+        try:
+            if self.local:
+                return os.stat(path).st_mtime
+            self._invalidate(path)
+            return self.fs.modified(path).timestamp()
+        except FileNotFoundError:
+            raise ObjectNotFound(f"no complete object {self.url_for(key)} (no sidecar)") from None
+
     def list(self, prefix: str = "") -> list[str]:
         """Sorted keys starting with ``prefix`` (sidecars and in-flight temporaries excluded)."""
         if prefix.startswith("/") or ".." in prefix.split("/"):
