@@ -82,6 +82,14 @@ fi
 log "java: $(java -version 2>&1 | head -n1)"
 [ "$(java_major)" -ge 17 ] || die "pyspark 4 needs Java 17+, found $(java -version 2>&1 | head -n1)"
 
+# --- 4b. a headless Chromium (Debian's package) for the status page's browser test (tests/test_status.py)
+if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then
+    log "no chromium on PATH: installing Debian's chromium (the status page is tested in a real browser)"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq \
+        && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium \
+        || die "could not install chromium from Debian's packages; the status page test needs it"
+fi
+
 # --- 5. JVM parts from Maven Central, pinned by jvm/<part>/pom.xml: Cassandra 5.0 (the real local cluster of
 # the tests and the demo), Kafka 4.x (the broker), Apicurio (a Confluent-compatible schema registry), the Delta
 # jars for Spark. Fetched into .jvm/ (ignored by git): a project-local Maven repository and .jvm/lib/<part>/.
