@@ -14,10 +14,12 @@ from .records import mutation_records
 
 
 _SYSTEM_TABLE_NOT_IN_SCHEMA = object()     # cache value: a system table id the schema does not describe
+_NOT_CAPTURED = object()                   # cache value: a user table without cdc = true (with ``cdc_only``)
 
 
 def read_cell_log(paths, schema=None, *, schema_from_log: bool = False, keys=None, batch_rows: int = 65536,
-                  on_damage=None, start=None, stop=None, strict: bool = False, stats: dict | None = None):
+                  on_damage=None, start=None, stop=None, strict: bool = False, stats: dict | None = None,
+                  cdc_only: bool = False):
     """Arrow batches (CELL_LOG_SCHEMA) of the user-table cells of ``paths``, in file order.
 
     Entries are decoded by the fast path (``fast``). An entry it cannot decode is decoded again by the
@@ -27,7 +29,9 @@ def read_cell_log(paths, schema=None, *, schema_from_log: bool = False, keys=Non
     and the like: ``cql.system_schema.is_system_table_id``); any other unknown table id is Damage
     (``unknown_table``). Each Damage goes to ``on_damage``
     (required: the caller quarantines it; nothing is dropped here). ``stats`` (a dict) receives counters.
-    ``entry_index`` counts partition updates per segment.
+    ``entry_index`` counts partition updates per segment. With ``cdc_only`` (what the pipeline reads), entries of
+    tables without ``cdc = true`` are skipped too, counted in ``not_captured_entries``: they are in the segment
+    because it also held CDC data, and the pipeline captures CDC tables only (``Schema.captured_tables``).
     """
     from cdc_lib.commitlog.reader import schema_source
 
@@ -37,7 +41,7 @@ def read_cell_log(paths, schema=None, *, schema_from_log: bool = False, keys=Non
     if isinstance(paths, (str, bytes)) or hasattr(paths, "__fspath__"):
         paths = [paths]
     counters = stats if stats is not None else {}
-    for k in ("entries", "system_entries", "damaged", "records"):
+    for k in ("entries", "system_entries", "not_captured_entries", "damaged", "records"):
         counters.setdefault(k, 0)
     src = schema_source(schema, schema_from_log)
     fast = FastCellLog()
@@ -47,14 +51,14 @@ def read_cell_log(paths, schema=None, *, schema_from_log: bool = False, keys=Non
     gc.disable()
     try:
         yield from _read_cell_log(paths, src, fast, keys, start, stop, strict, on_damage, counters, batch_rows,
-                                  schema_from_log, gc_was_enabled)
+                                  schema_from_log, gc_was_enabled, cdc_only)
     finally:
         if gc_was_enabled:
             gc.enable()
 
 
 def _read_cell_log(paths, src, fast, keys, start, stop, strict, on_damage, counters, batch_rows, schema_from_log,
-                   gc_was_enabled):
+                   gc_was_enabled, cdc_only):
     import logging
 
     from cdc_lib.commitlog.model import Mutation
@@ -85,9 +89,14 @@ def _read_cell_log(paths, src, fast, keys, start, stop, strict, on_damage, count
                 table = current.get(tid) if tid is not None else None
                 if table is None and tid is not None and is_system_table_id(tid):
                     table = _SYSTEM_TABLE_NOT_IN_SCHEMA
+                elif cdc_only and table is not None and table.keyspace not in SYSTEM_KEYSPACES and not table.cdc:
+                    table = _NOT_CAPTURED
                 tables_by_raw_id[raw_id] = table
             if table is _SYSTEM_TABLE_NOT_IN_SCHEMA:
                 counters["system_entries"] += 1
+                continue
+            if table is _NOT_CAPTURED:
+                counters["not_captured_entries"] += 1
                 continue
             if table is not None and table.keyspace in SYSTEM_KEYSPACES:
                 counters["system_entries"] += 1

@@ -120,3 +120,9 @@ class Schema:
 
     def copy(self) -> "Schema":
         return Schema(dict(self.tables), dict(self.types))
+
+    def captured_tables(self) -> list:
+        """The tables the pipeline captures: those with ``cdc = true``. A segment Cassandra keeps in ``cdc_raw``
+        holds the mutations of every table written while it was active; only these tables' become state and
+        events (Cassandra refuses ``cdc`` on its own tables, so system tables are never among them)."""
+        return [t for t in self.tables.values() if t.cdc]

@@ -34,8 +34,7 @@ def snapshot_outbox(config: PipelineConfig, root: str, schema, batch: Batch, hoo
     if st.outbox_committed(batch.batch_seq):
         return 0  # written by an earlier attempt (publish counts the events)
     rows: list = []
-    for table in sorted((t for t in schema.tables.values() if not t.keyspace.startswith("system")),
-                        key=table_order):
+    for table in sorted(schema.captured_tables(), key=table_order):
         try:
             state = read_state(root, table.keyspace, table.name, config.delta_options() or None)
         except Exception:  # noqa: BLE001 - TableNotFoundError: the stream never wrote this table

@@ -143,7 +143,7 @@ def _parse_segments(schema, quarantine_url: str, quarantine_options: dict, clust
         for b in batches:
             for path in b.column("path").to_pylist():
                 damages = []
-                for cells in read_cell_log(path, schema, on_damage=damages.append):
+                for cells in read_cell_log(path, schema, on_damage=damages.append, cdc_only=True):
                     n = cells.num_rows
                     cols = list(cells.columns) + [pa.array([REC_CELL] * n, pa.string()),
                                                   pa.nulls(n, pa.string()), pa.nulls(n, pa.string())]
@@ -232,7 +232,7 @@ def _reconcile(schema, root: str, storage_options: dict, app_id: str, versions: 
 # -------------------------------------------------------------------------------------------- driver
 
 def _user_tables(schema) -> list:
-    return sorted((t for t in schema.tables.values() if not t.keyspace.startswith("system")), key=table_order)
+    return sorted(schema.captured_tables(), key=table_order)
 
 
 def run_batch(spark, segment_paths, *, root: str, storage_options: Optional[dict] = None, schema=None,

@@ -159,7 +159,7 @@ def process_cell_log(schema, cell_log_batches: Iterable, read_partitions: Callab
 
     ``read_partitions(table, keys) -> {key: PartitionState}`` and ``expiring_keys(table, after, upto) -> keys``
     are a ``StateStore``'s methods (see ``cdc_lib.sinks.delta``); with both ``prev_now`` and ``expiring_keys`` every
-    user table of ``schema`` is swept, not only those with records in the batch.
+    captured table of ``schema`` (``Schema.captured_tables``) is swept, not only those with records in the batch.
     """
     with gc_paused():
         return _process_cell_log(schema, cell_log_batches, read_partitions, now, prev_now, expiring_keys, cluster)
@@ -170,9 +170,8 @@ def _process_cell_log(schema, cell_log_batches, read_partitions, now, prev_now, 
     by_table = records_by_table(cell_log_batches)
     sweeping = prev_now is not None and expiring_keys is not None and now > prev_now
     if sweeping:
-        for t in schema.tables.values():
-            if not t.keyspace.startswith("system"):
-                by_table.setdefault(str(t.id), [])
+        for t in schema.captured_tables():
+            by_table.setdefault(str(t.id), [])
     for table_id, records in by_table.items():
         table = _table(schema, table_id)
         keys = {r["partition_key"] for r in records}
