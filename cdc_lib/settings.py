@@ -315,6 +315,9 @@ class AgentConfig:
     warn_usage_fraction: float = 0.5
     rate_window: float = 300.0  # seconds over which arrival and ship rates are compared
     max_backoff: float = 60.0
+    # An empty segment link a clean Cassandra shutdown left in cdc_raw is deleted once its last link change is
+    # this old (Cassandra itself deletes the link of a CDC-free segment right after the segment: never race it).
+    orphan_grace_s: float = 60.0
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -329,6 +332,8 @@ class AgentConfig:
             raise ConfigError(f"warn_usage_fraction must be in (0, 1], got {self.warn_usage_fraction}")
         if self.cdc_total_space is not None and self.cdc_total_space <= 0:
             raise ConfigError(f"cdc_total_space must be > 0, got {self.cdc_total_space}")
+        if self.orphan_grace_s < 0:
+            raise ConfigError(f"orphan_grace_s must be >= 0, got {self.orphan_grace_s}")
         if self.max_backoff < self.poll_interval:
             self.max_backoff = self.poll_interval
         try:
