@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from cassandra import ConsistencyLevel
 from event_invariant import check_events
 from real_workload import (CDC_TABLES, KS, NOT_CDC_TABLE, SCRATCH_KS, Recorder, create_schema, phase_one,
                            phase_three, phase_two, short_ttls)
@@ -437,3 +438,67 @@ def select_rows_like(table, rows) -> list:
     drivers = (Int32Type, UTF8Type, SimpleDateType)
     cols = [table.columns[n] for n in ("id", "v", "d")]
     return [{c.name: typed_from_driver(c.type, t, v) for c, t, v in zip(cols, drivers, row)} for row in rows]
+
+
+def test_missing_jars_fail_with_how_to_get_them(tmp_path, monkeypatch):
+    """No jars is a failure that says what to run, never a skip."""
+    from cdc_lib.demo import jvm
+    monkeypatch.setattr(jvm, "JVM_LIB", tmp_path / "lib")
+    with pytest.raises(jvm.JvmPartMissing, match="bash scripts/setup.sh"):
+        LocalCassandra(tmp_path / "c", 1)
+
+
+def test_a_node_that_cannot_start_shows_its_log(tmp_path):
+    """A start that fails raises at once with the end of the node's log (here: a yaml value Cassandra rejects),
+    and leaves no process behind."""
+    from cdc_lib.demo.cassandra import CassandraStartError
+    cluster = LocalCassandra(tmp_path / "bad", 1, yaml={"commitlog_segment_size": "3 parsecs"})
+    with pytest.raises(CassandraStartError) as err:
+        cluster.start(timeout=120)
+    message = str(err.value)
+    assert f"==> {cluster.node(1).log_dir}" in message, message[-2000:]          # which log, and its end
+    assert "commitlog_segment_size" in message, message[-2000:]
+    assert not cluster.node(1).running()
+
+
+def test_replica_copies_of_one_mutation_have_the_same_mutation_id(tmp_path):
+    """Three nodes, RF 3, writes at CL ALL: every replica logs every mutation, and the copies have the same
+    mutation id (a hash of the entry bytes) in all three commit logs: the pipeline's dedupe relies on it.
+    Counters are left out: the leader turns a counter update into a different mutation (its own shard)."""
+    from cassandra.query import SimpleStatement
+
+    from cdc_lib.demo.cassandra import start_cluster
+    with start_cluster(3, tmp_path / "c3", cluster_name="replicas") as cluster:
+        session = cluster.session()
+        session.execute("CREATE KEYSPACE r WITH replication = {'class': 'NetworkTopologyStrategy', "
+                        "'datacenter1': 3}")
+        session.execute("CREATE TABLE r.t (k int, c int, v text, m map<text, int>, s text static, "
+                        "PRIMARY KEY (k, c)) WITH cdc = true")
+        statements = []
+        for k in range(8):
+            statements += [f"INSERT INTO r.t (k, c, v, m) VALUES ({k}, 1, 'v{k}', {{'a': {k}}})",
+                           f"UPDATE r.t USING TTL 3600 SET v = 'ttl', m['b'] = 2 WHERE k = {k} AND c = 2",
+                           f"UPDATE r.t SET s = 'static {k}' WHERE k = {k}",
+                           f"DELETE m['a'] FROM r.t WHERE k = {k} AND c = 1",
+                           f"DELETE FROM r.t WHERE k = {k} AND c > 5",
+                           f"BEGIN BATCH INSERT INTO r.t (k, c, v) VALUES ({k}, 3, 'b'); "
+                           f"DELETE FROM r.t WHERE k = {k} AND c = 2; APPLY BATCH"]
+        for cql in statements:
+            session.execute(SimpleStatement(cql, consistency_level=ConsistencyLevel.ALL))
+        schema = load_cql_schema(describe(session, "r"))
+        cluster.nodetool_all("drain")
+    table_id = schema.by_name("r", "t").id
+    per_node = {}
+    for n in cluster.nodes:
+        ids = []
+        for path in sorted(n.cdc_raw.glob("CommitLog-*.log")):
+            for rec in SegmentReader(path):
+                assert not isinstance(rec, Damage), rec
+                m = decode_entry(rec, schema)
+                if isinstance(m, Mutation) and any(u.table_id == table_id for u in m.updates):
+                    ids.append(m.mutation_id)
+        per_node[n.index] = ids
+    assert len(per_node[1]) == len(statements), {i: len(v) for i, v in per_node.items()}
+    assert len(set(per_node[1])) == len(statements)
+    assert sorted(per_node[1]) == sorted(per_node[2]) == sorted(per_node[3])
+    print(f"\n3 nodes started in {cluster.started_in:.1f} s; {len(statements)} mutations, one id each on 3 replicas")
