@@ -315,6 +315,9 @@ class AgentConfig:
     warn_usage_fraction: float = 0.5
     rate_window: float = 300.0  # seconds over which arrival and ship rates are compared
     max_backoff: float = 60.0
+    # An empty segment link a clean Cassandra shutdown left in cdc_raw is deleted once its last link change is
+    # this old (Cassandra itself deletes the link of a CDC-free segment right after the segment: never race it).
+    orphan_grace_s: float = 60.0
     log_level: str = "INFO"
     metrics_port: int | None = None     # serve /metrics and /health on this port (0: any free port); None: off
     metrics_host: str = "127.0.0.1"     # the endpoint is unauthenticated: bind wider only behind a firewall
@@ -333,6 +336,8 @@ class AgentConfig:
             raise ConfigError(f"cdc_total_space must be > 0, got {self.cdc_total_space}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics_port must be a TCP port (0-65535), got {self.metrics_port}")
+        if self.orphan_grace_s < 0:
+            raise ConfigError(f"orphan_grace_s must be >= 0, got {self.orphan_grace_s}")
         if self.max_backoff < self.poll_interval:
             self.max_backoff = self.poll_interval
         try:

@@ -176,6 +176,24 @@ def s3_bucket(s3_server) -> str:
 
 
 @pytest.fixture(scope="session")
+def real_cassandra(tmp_path_factory):
+    """One real Cassandra 5.0 node on 127.0.0.1 (``cdc_lib.demo.cassandra``: CDC on, 1 MiB segments, its logs in
+    ``<tmp>/cassandra*/node1/logs``), started once per session when a test asks for it and always stopped by PID.
+
+    Missing Java or jars (``bash scripts/setup.sh`` fetches them) make the tests that use it fail, never skip.
+    The real-workload scenario drains the node at its end: a later user that writes must restart it
+    (``stop_node(1)``, ``start_node(1)``).
+    """
+    from cdc_lib.demo.cassandra import LocalCassandra
+    cluster = LocalCassandra(tmp_path_factory.mktemp("cassandra"), 1)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop(graceful=False)        # its data is thrown away: SIGKILL, no shutdown drain to wait for
+
+
+@pytest.fixture(scope="session")
 def _spark_workdir(tmp_path_factory) -> Iterator[Path]:
     workdir = tmp_path_factory.mktemp("spark")
     yield workdir

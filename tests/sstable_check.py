@@ -3,10 +3,11 @@
 Reusable by any test that has a real cluster (and by the prototype script that writes real 5.0 SSTables):
 
 * ``select_table(session, table)``: the rows as ``SELECT *`` returns them, in the events' JSON forms
-  ({key JSON: row JSON}), and ``select_cell_times(session, table)``: {key JSON: {column: [writetime, ttl]}}
-  for every simple non-key column. Driver values are turned into the same typed values our decoders produce
-  by serializing them with the driver's own codec and decoding the bytes with ``cdc_lib.cql.types``, so
-  nothing of the SSTable reader is used on this side.
+  ({key JSON: row JSON}; ``cdc_lib.demo.compare.select_json``), and ``select_cell_times(session, table)``:
+  {key JSON: {column: [writetime, ttl]}} for every simple non-key column. Driver values are turned into the
+  same typed values our decoders produce by serializing them with the driver's own codec and decoding the bytes
+  with ``cdc_lib.cql.types`` (``cdc_lib.demo.compare.typed_from_driver``), so nothing of the SSTable reader is
+  used on this side.
 * ``rows_from_mutations(table, paths, now)``: the rows the reference decoder's partitions show, merged by the
   naive ``reference_model`` (which shares no code with the state engine).
 * ``rows_from_cell_log(table, paths, now)``: the rows and cell times the fast path's cell log gives after the
@@ -15,41 +16,18 @@ Reusable by any test that has a real cluster (and by the prototype script that w
 """
 from __future__ import annotations
 
-import json
-
 from reference_model import json_table, visible_table
 
 from cdc_lib.celllog.schema import decode_clustering
-from cdc_lib.sinks.avro import to_json_key, to_json_row
+from cdc_lib.demo.compare import key_json as _key_json
+from cdc_lib.demo.compare import select_json, typed_from_driver
+from cdc_lib.sinks.avro import to_json_row
 from cdc_lib.sstable import SSTable, find_data_files, read_sstable_cell_log
 
-PROTOCOL_VERSION = 5
 
-
-def _key_json(table, key: dict) -> str:
-    return json.dumps(to_json_key(table, key), separators=(",", ":"), ensure_ascii=False)
-
-
-def _typed(our_type, driver_type, value):
-    """A driver value as the typed value ``cdc_lib.cql.types`` decodes: through the driver's serializer."""
-    if value is None:
-        return None
-    if our_type.kind == "counter":          # CQL returns the total, not the context
-        return value
-    return our_type.freeze().decode(driver_type.serialize(value, PROTOCOL_VERSION))
-
-
-def select_table(session, table) -> dict:
+def select_table(session, table, consistency="ONE") -> dict:
     """{key JSON: row JSON} of ``SELECT * FROM table``."""
-    from cassandra.query import SimpleStatement
-    rs = session.execute(SimpleStatement(f'SELECT * FROM "{table.keyspace}"."{table.name}"', fetch_size=1000))
-    names, types = rs.column_names, rs.column_types
-    out = {}
-    for row in rs:
-        typed = {n: _typed(table.columns[n].type, t, v) for n, t, v in zip(names, types, row)}
-        key = {c.name: typed[c.name] for c in table.partition_key + table.clustering}
-        out[_key_json(table, key)] = to_json_row(table, typed)
-    return out
+    return select_json(session, table, consistency)
 
 
 def _timed_columns(table) -> list:
@@ -57,9 +35,10 @@ def _timed_columns(table) -> list:
             and c.type.kind != "counter"]
 
 
-def select_cell_times(session, table) -> dict:
+def select_cell_times(session, table, consistency="ONE") -> dict:
     """{key JSON: {column: [WRITETIME(column), TTL(column)]}} of every row, for simple non-key columns that
     have a value."""
+    from cassandra import ConsistencyLevel
     from cassandra.query import SimpleStatement
     cols = _timed_columns(table)
     if not cols:
@@ -68,11 +47,12 @@ def select_cell_times(session, table) -> dict:
     select = ", ".join([f'"{c.name}"' for c in keys] +
                        [f'WRITETIME("{c.name}"), TTL("{c.name}")' for c in cols])
     rs = session.execute(SimpleStatement(f'SELECT {select} FROM "{table.keyspace}"."{table.name}"',
-                                         fetch_size=1000))
+                                         fetch_size=1000,
+                                         consistency_level=getattr(ConsistencyLevel, consistency)))
     types = rs.column_types
     out = {}
     for row in rs:
-        key = {c.name: _typed(c.type, t, v) for c, t, v in zip(keys, types, row)}
+        key = {c.name: typed_from_driver(c.type, t, v) for c, t, v in zip(keys, types, row)}
         times = {}
         for i, c in enumerate(cols):
             wt, ttl = row[len(keys) + 2 * i], row[len(keys) + 2 * i + 1]
@@ -117,7 +97,6 @@ def rows_from_cell_log(table, paths, now: int, schema=None) -> tuple:
         r["table_id"] = str(table.id)
     rows = {}
     times = {}
-    timed = {c.name for c in _timed_columns(table)}
     for result in process_table(table, records, {}, now):
         for e in result.events:
             k = _key_json(table, e["key"])
@@ -125,18 +104,26 @@ def rows_from_cell_log(table, paths, now: int, schema=None) -> tuple:
                 rows.pop(k, None)
             else:
                 rows[k] = to_json_row(table, e["after"])
-        pk_values = _split_key(table, result.partition_key)
-        base = {c.name: c.type.decode(v) for c, v in zip(table.partition_key, pk_values)}
-        state = result.state
-        for ck, row in state.rows.items():
-            key = dict(base)
-            for c, v in zip(table.clustering, decode_clustering(ck)):
-                key[c.name] = c.type.decode(v)
-            times[_key_json(table, key)] = _cell_times(row, state.static, timed, now)
-        if not state.static.is_empty():                  # the static-only row, if it is the one shown
-            key = dict(base, **{c.name: None for c in table.clustering})
-            times[_key_json(table, key)] = _cell_times(None, state.static, timed, now)
+        times.update(state_cell_times(table, result.partition_key, result.state, now))
     return rows, {k: v for k, v in times.items() if k in rows and v}
+
+
+def state_cell_times(table, partition_key: bytes, state, now: int) -> dict:
+    """{key JSON: {column: [writetime, ttl left at ``now``]}} of one partition's ``state.reconcile.PartitionState``:
+    the live simple cells of each row, static cells included (for rows not shown, the caller filters)."""
+    timed = {c.name for c in _timed_columns(table)}
+    pk_values = _split_key(table, partition_key)
+    base = {c.name: c.type.decode(v) for c, v in zip(table.partition_key, pk_values)}
+    times = {}
+    for ck, row in state.rows.items():
+        key = dict(base)
+        for c, v in zip(table.clustering, decode_clustering(ck)):
+            key[c.name] = c.type.decode(v)
+        times[_key_json(table, key)] = _cell_times(row, state.static, timed, now)
+    if not state.static.is_empty():                  # the static-only row, if it is the one shown
+        key = dict(base, **{c.name: None for c in table.clustering})
+        times[_key_json(table, key)] = _cell_times(None, state.static, timed, now)
+    return times
 
 
 def _cell_times(row, static, timed: set, now: int) -> dict:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from test_storage import _s3_store
 
 from cdc_lib import settings as config
-from cdc_lib.agent.cdc_raw import read_idx, scan_cdc_raw, synced_file_end
+from cdc_lib.agent.cdc_raw import holds_data, read_idx, scan_cdc_raw, synced_file_end
 from cdc_lib.agent.shipper import Agent
 from cdc_lib.agent.space import SpaceMonitor, default_cdc_total_space
 from cdc_lib.cli.agent import agent_main, build_parser, load_agent_config
@@ -169,6 +169,73 @@ def test_40_segment_waits_for_completed_idx(node, segment_bytes):
     assert not link.exists() and not idx.exists()
     assert orig.exists()  # the commitlog/ file is Cassandra's to delete; only the link was ours
     assert agent.metrics()["segments_shipped"] == 1
+
+
+def _segment(directory: Path, seg_id: int, *, entries: int = 0, compression=None, close: bool = True) -> Path:
+    from cdc_lib.commitlog import writer
+    w = writer.SegmentWriter(directory, seg_id, version=7, compression=compression, segment_size=64 * 1024)
+    for i in range(entries):
+        w.add(os.urandom(40 + i))
+    if close:
+        w.close()
+    else:
+        w.sync()
+        w._f.close()
+    return Path(w.path)
+
+
+def _shutdown_leftover(node: Path, seg_id: int, **kw) -> Path:
+    """What a clean Cassandra 4.0+/5.0 shutdown leaves: the pre-allocated segment, linked into cdc_raw when it
+    was created, then deleted from commitlog/ without its link: no idx, link count 1."""
+    orig = _segment(node / "commitlog", seg_id, **kw)
+    link = node / "cdc_raw" / orig.name
+    os.link(orig, link)
+    orig.unlink()
+    return link
+
+
+@pytest.mark.parametrize("compression", [None, "LZ4Compressor"])
+def test_empty_segment_left_by_a_clean_shutdown_is_removed_after_the_grace(node, compression):
+    link = _shutdown_leftover(node, 1795000000001, compression=compression, close=False)
+    assert holds_data(link) is False
+    (seg,) = scan_cdc_raw(node / "cdc_raw").segments
+    assert seg.orphaned and not seg.complete and seg.links == 1
+    waiting = Agent(make_config(node, orphan_grace_s=3600))
+    assert waiting.run_once() == 0 and link.exists()        # too recent: Cassandra may still be at it
+    assert waiting.metrics()["orphaned_segments"] == 1 and waiting.metrics()["live_segments"] == 0
+    assert "1 empty segment(s) a Cassandra shutdown left" in waiting.pass_summary()
+    agent = Agent(make_config(node, orphan_grace_s=0))
+    assert agent.run_once() == 0
+    assert not link.exists() and store_of(node).list() == []
+    assert agent.metrics()["empty_segments_removed"] == 1 and agent.metrics()["cdc_raw_bytes"] == 0
+
+
+def test_segments_that_look_orphaned_but_are_not_are_kept_or_shipped(node, segment_bytes):
+    # live: still in commitlog/ (2 links), no idx yet
+    live = _segment(node / "commitlog", 1795000000002, close=False)
+    os.link(live, node / "cdc_raw" / live.name)
+    # no longer in commitlog/, no idx, but it holds entries (never seen from Cassandra): shipped, never deleted
+    with_data = _shutdown_leftover(node, 1795000000003, entries=5)
+    assert holds_data(with_data) is True
+    with_data_bytes = with_data.read_bytes()
+    # Cassandra 3.11 renames finished segments in: link count 1 and no idx is how a complete one looks
+    old = add_311_segment(node, 1795000000004, segment_bytes)
+    agent = Agent(make_config(node, orphan_grace_s=0))
+    assert agent.run_once() == 2
+    store = store_of(node)
+    assert store.get_bytes(incoming(with_data.name)) == with_data_bytes and not with_data.exists()
+    assert sorted(store.list("incoming/")) == sorted([incoming(with_data.name), incoming(old.name)])
+    assert (node / "cdc_raw" / live.name).exists() and agent.metrics()["empty_segments_removed"] == 0
+
+
+def test_holds_data_of_real_and_written_segments(tmp_path):
+    assert holds_data(REAL_SEGMENT) is True
+    assert holds_data(_segment(tmp_path, 5, entries=3, compression="ZstdCompressor")) is True
+    assert holds_data(_segment(tmp_path, 6, compression="ZstdCompressor")) is False     # empty final section
+    assert holds_data(_segment(tmp_path, 7)) is False                                   # header + zero tail
+    short = tmp_path / "CommitLog-7-8.log"
+    short.write_bytes(b"\x00\x00\x00\x07")
+    assert holds_data(short) is None
 
 
 def test_legacy_cdc_idx_suffix_is_understood_and_removed(node, segment_bytes):

@@ -339,3 +339,43 @@ def test_added_column_joins_the_delta_table_without_rewrite_and_dropped_column_l
     state = read_state(str(tmp_path), "shop", "sessions")
     row = state.filter(pc.equal(state["_cdc_row_kind"], "row")).to_pylist()[0]
     assert row["ip"] is None and row["referrer"] == "ads"
+
+
+def test_a_udt_field_added_by_alter_type_reaches_the_delta_struct(tmp_path, caplog):
+    """ALTER TYPE ... ADD: the new field's values show in the typed columns (a struct, a list of structs) after
+    the next batch; inside a map Delta cannot evolve the struct: a warning, and the exact value in _cdc_cells.
+    Found by the real-cluster test: the new field was cast away silently."""
+    from cdc_lib.cql.schema_from_ddl import load_cql_schema
+    ddl = ("CREATE TYPE k.addr (a int, b text{});\n"
+           "CREATE TABLE k.t (k int PRIMARY KEY, u frozen<addr>, lu frozen<list<frozen<addr>>>, "
+           "mu frozen<map<text, frozen<addr>>>) WITH cdc = true AND ID = 5a1c395e-b41f-11e5-9f22-ba0be0483c18;")
+    store = DeltaRsStateStore(str(tmp_path))
+
+    def write(schema, seq, values: dict):
+        t = schema.by_name("k", "t")
+        ts = START_US + seq
+        updates = []
+        for k, value in values.items():
+            cells = [Cell("u", t.columns["u"].type.encode(value), ts),
+                     Cell("lu", t.columns["lu"].type.encode([value]), ts),
+                     Cell("mu", t.columns["mu"].type.encode({"x": value}), ts)]
+            key = t.partition_key[0].type.encode(k)
+            updates.append(finish_update(PartitionUpdate(t.id, key, t,
+                                                         unfiltereds=[Row((), LivenessInfo(ts), cells=cells)])))
+        m = Mutation(updates, "CommitLog-7-1.log", 1, seq * 100)
+        run_store_batch(store, schema, [records_to_batch(mutation_records(m))], batch_id=f"b{seq}",
+                        batch_seq=seq, now=NOW0 + seq)
+
+    # one data file with rows 1 and 3; batch 2 changes row 1, so the MERGE rewrites that file and copies row 3
+    write(load_cql_schema(ddl.format("")), 1, {1: {"a": 1, "b": "old"}, 3: {"a": 3, "b": "kept"}})
+    with caplog.at_level("WARNING", logger="cdc_lib.sinks.delta"):
+        write(load_cql_schema(ddl.format(", c text")), 2, {1: {"a": 1, "b": "new", "c": "added"},
+                                                           2: {"a": 2, "b": "new", "c": "added"}})
+    rows = {r["k"]: r for r in read_state(str(tmp_path), "k", "t").filter(pc.field("_cdc_live")).to_pylist()}
+    for k in (1, 2):
+        assert rows[k]["u"] == {"a": k, "b": "new", "c": "added"}
+        assert rows[k]["lu"] == [{"a": k, "b": "new", "c": "added"}]
+    assert rows[3]["u"] == {"a": 3, "b": "kept", "c": None}             # written before: the field is null
+    assert rows[3]["lu"] == [{"a": 3, "b": "kept", "c": None}]
+    assert rows[2]["mu"] == [("x", {"a": 2, "b": "new"})]                # Delta cannot evolve a map's struct
+    assert "k.t.mu: the UDT gained fields" in caplog.text and "k.t.u:" not in caplog.text

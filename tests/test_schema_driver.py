@@ -3,8 +3,9 @@
 No Cassandra server can run in this test environment, so the session is a fake: its ``execute`` answers the
 ``SELECT * FROM system_schema.<table> [WHERE keyspace_name = %s]`` queries with rows made by the driver's
 own ``named_tuple_factory`` and holding the Python types the driver returns (uuid.UUID, SortedSet for
-``flags``, naive UTC datetime for ``dropped_time``, lists for UDT fields). Only the connection-failure test
-talks to the real driver, against a closed local port.
+``flags``, lists for UDT fields; ``dropped_time`` is read as milliseconds, see ``_selection``). Only the
+connection-failure test talks to the real driver, against a closed local port; ``tests/test_real_cluster.py``
+reads a real Cassandra 5.0.
 """
 from __future__ import annotations
 
@@ -71,7 +72,9 @@ ROWS = {
               dict(keyspace_name="shop", type_name="point", field_names=["x", "y"], field_types=["double", "double"])],
 }
 
-_QUERY = re.compile(r"SELECT (\*|keyspace_name) FROM system_schema\.(\w+)( WHERE keyspace_name = %s)?\Z")
+_QUERY = re.compile(r"SELECT (\*|keyspace_name|[\w(), ]+ AS dropped_time[\w, ]*) FROM system_schema\.(\w+)"
+                    r"( WHERE keyspace_name = %s)?\Z")
+_COLUMNS_OF = "SELECT column_name FROM system_schema.columns WHERE keyspace_name = %s AND table_name = %s"
 
 
 class FakeSession:
@@ -83,6 +86,11 @@ class FakeSession:
 
     def execute(self, query, parameters=None):
         self.queries.append((query, parameters))
+        if query == _COLUMNS_OF:           # the columns of system_schema.dropped_columns
+            assert parameters == (SCHEMA_KEYSPACE, "dropped_columns")
+            names = list(self.rows["dropped_columns"][0]) if self.rows.get("dropped_columns") else \
+                ["keyspace_name", "table_name", "column_name", "dropped_time", "kind", "type"]
+            return named_tuple_factory(["column_name"], [(n,) for n in names])
         m = _QUERY.match(query)
         assert m, f"unexpected query {query!r}"
         table = m.group(2)
@@ -93,7 +101,15 @@ class FakeSession:
             rows = [r for r in rows if r["keyspace_name"] == parameters[0]]
         if not rows:
             return []
-        names = list(rows[0]) if m.group(1) == "*" else ["keyspace_name"]
+        if m.group(1) == "keyspace_name":
+            names = ["keyspace_name"]
+        elif m.group(1) == "*":
+            names = list(rows[0])
+        else:                              # dropped_columns, dropped_time as blobAsBigint(timestampAsBlob(...))
+            names = [n.split(" AS ")[-1].strip() for n in m.group(1).split(", ")]
+            epoch = datetime.datetime(1970, 1, 1)
+            rows = [{**r, "dropped_time": (r["dropped_time"] - epoch) // datetime.timedelta(milliseconds=1)}
+                    for r in rows]
         return named_tuple_factory(names, [tuple(r.get(n) for n in names) for r in rows])
 
 
@@ -143,7 +159,7 @@ def test_keyspace_filter_reads_only_those_partitions():
     session = FakeSession()
     s = load_from_cluster(session, keyspaces=["other"])
     assert s.get(OTHER_ID) is not None and s.get(ORDERS_ID) is None
-    assert all(params == ("other",) for _, params in session.queries)
+    assert all(params == ("other",) for q, params in session.queries if q != _COLUMNS_OF)
     with pytest.raises(SchemaError, match="'nope' does not exist"):
         load_from_cluster(FakeSession(), keyspaces=["nope"])
 

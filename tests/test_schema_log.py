@@ -201,6 +201,28 @@ def test_last_write_wins_whatever_the_arrival_order():
     assert tracker.schema.get(TID) is None
 
 
+def test_alter_type_add_reaches_the_tables_that_use_the_type():
+    # ALTER TYPE address ADD country text rewrites only the types row; the columns rows of orders still say
+    # frozen<address>, so the table must be rebuilt with the type's new fields (P2, found on real 5.0 segments:
+    # the values written after the ALTER were undecodable with --schema-from-log).
+    tracker = SchemaTracker()
+    columns = ORDERS + [("history", "regular", -1, "list<frozen<address>>", "none")]
+    feed(tracker, create_table(KS, "orders", TID, columns, 1000, types=[ADDRESS]))
+    old = tracker.schema.table(TID)
+    changes = feed(tracker, Mutation([supdate("types", KS, [srow("types", ("address",), {
+        "field_names": ("street", "zip", "country"), "field_types": ("text", "int", "text")}, 2000)])]))
+    assert ("type_altered", "address") in {(c.kind, c.name) for c in changes}
+    assert sorted(c.detail for c in changes if c.kind == "column_altered") == [
+        "addr frozen<address>: a user type it uses changed",
+        "history list<frozen<address>>: a user type it uses changed"]
+    t = tracker.schema.table(TID)
+    assert t.columns["addr"].type.field_names == ("street", "zip", "country")
+    assert t.columns["history"].type.subtypes[0].field_names == ("street", "zip", "country")
+    value = {"street": "Main", "zip": 1, "country": "NL"}
+    assert t.columns["addr"].type.decode(t.columns["addr"].type.encode(value)) == value
+    assert old.columns["addr"].type.field_names == ("street", "zip")      # the earlier schema is untouched
+
+
 def test_alter_of_a_base_table_keeps_its_columns():
     base = load_cql_schema(f"""
         CREATE TYPE {KS}.geo (lat double, "Lon" double);

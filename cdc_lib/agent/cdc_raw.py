@@ -6,12 +6,26 @@ Which files are complete (format reference §8):
   complete as soon as it appears. There is no index file.
 * Descriptor >= 7 (Cassandra 4.0+): the segment is hard-linked into ``cdc_raw`` when created, while it is still
   being written. ``<segment>_cdc.idx`` holds ``"<offset>"`` (synced up to there) or ``"<offset>\\nCOMPLETED"``. The
-  file is rewritten in place, so an empty or half-written idx is "not known yet": retry next poll. A segment
-  without an idx is live (or holds no CDC data and Cassandra will delete it itself). The legacy suffix
-  ``-CDC.idx`` is accepted too.
+  file is rewritten in place, so an empty or half-written idx is "not known yet": retry next poll. The legacy
+  suffix ``-CDC.idx`` is accepted too. A segment without an idx is live: Cassandra has not synced CDC data into
+  it yet (the next segment is linked as soon as it is pre-allocated, so one or two such files are always there),
+  and when it is discarded without CDC data Cassandra deletes its link.
 
-For compressed or encrypted segments the idx offset is logical; ``synced_file_end`` maps it to the file offset
-by walking the section markers.
+What real Cassandra 5.0 does beyond that (README, "A real Cassandra"):
+
+* **A clean shutdown (drain, SIGTERM) leaves an empty link behind.** The pre-allocated segment is deleted from
+  the commit-log directory without telling the CDC tracker, so its link stays: no idx, link count 1 (the link is
+  the file's only name), no data; nothing ever deletes it, and it counts against ``cdc_total_space``.
+  ``CdcSegment.orphaned`` says so; the agent deletes such a file once ``holds_data`` confirms it is empty (one
+  that holds data is shipped instead: never delete what might be data).
+* **Commit-log replay rewrites the idx** of every replayed segment holding CDC data to
+  ``"<file length>\\nCOMPLETED"``, also when it already said COMPLETED, and re-creates the segment's link if it
+  is gone (the agent may have shipped and deleted it already: the store then holds the same bytes). For
+  compressed and encrypted segments that offset is a file offset, not a logical one; a COMPLETED segment is
+  shipped whole, so the offset of a COMPLETED idx is never used.
+
+For compressed or encrypted segments the offset of a live idx is logical; ``synced_file_end`` maps it to the
+file offset by walking the section markers.
 """
 from __future__ import annotations
 
@@ -67,6 +81,14 @@ class CdcSegment:
     size: int
     idx_paths: tuple[Path, ...]
     idx: IdxState | None
+    links: int = 2             # hard links to the file (``st_nlink``): 1 once Cassandra dropped its own name
+
+    @property
+    def orphaned(self) -> bool:
+        """A 4.0+ segment no longer in the commit-log directory that never got an idx: a pre-allocated segment a
+        clean shutdown left behind (Cassandra writes the idx of a segment holding CDC data before it deletes its
+        own name, and replays the ones a crash left). Live segments have 2 links."""
+        return self.version >= 7 and not self.idx_paths and self.links == 1
 
     @property
     def complete(self) -> bool:
@@ -93,16 +115,16 @@ def scan_cdc_raw(cdc_raw: Path) -> CdcRawScan:
     logs: dict[str, Path] = {}
     idx_files: dict[str, list[Path]] = {}
     total = 0
-    sizes: dict[str, int] = {}
+    stats: dict[str, os.stat_result] = {}
     with os.scandir(cdc_raw) as it:
         for entry in it:
             try:
                 if not entry.is_file(follow_symlinks=False):
                     continue
-                size = entry.stat(follow_symlinks=False).st_size
+                st = entry.stat(follow_symlinks=False)
             except FileNotFoundError:
                 continue  # deleted while we looked
-            total += size
+            total += st.st_size
             name = entry.name
             if name.endswith(".log"):
                 try:
@@ -110,7 +132,7 @@ def scan_cdc_raw(cdc_raw: Path) -> CdcRawScan:
                 except FormatError:
                     continue
                 logs[name[:-4]] = Path(entry.path)
-                sizes[name[:-4]] = size
+                stats[name[:-4]] = st
             else:
                 m = _IDX_RE.match(name)
                 if m:
@@ -124,10 +146,58 @@ def scan_cdc_raw(cdc_raw: Path) -> CdcRawScan:
             idx = read_idx(p)
             if idx is not None:
                 break
-        segments.append(CdcSegment(path.name, path, version, seg_id, sizes[stem], paths, idx))
+        st = stats[stem]
+        segments.append(CdcSegment(path.name, path, version, seg_id, st.st_size, paths, idx, st.st_nlink))
     segments.sort(key=lambda s: (s.segment_id, s.version))
     orphans = [p for stem, ps in idx_files.items() if stem not in logs for p in ps]
     return CdcRawScan(segments, sorted(orphans), total)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    header_size: int
+    transformed: bool          # compressed or encrypted: markers carry the section's uncompressed length
+    file_len: int
+
+
+def _layout(f, path: Path) -> _Layout | None:
+    """The header of an open segment: its size and whether sections are transformed; None while too short."""
+    head = f.read(14)
+    if len(head) < 14:
+        return None
+    plen = int.from_bytes(head[12:14], "big")
+    params_raw = f.read(plen)
+    if len(params_raw) < plen:
+        return None
+    try:
+        params = json.loads(params_raw.decode("utf-8")) if plen else {}
+    except (UnicodeDecodeError, ValueError):
+        raise FormatError("segment header parameters are not JSON", str(path), 14) from None
+    transformed = isinstance(params, dict) and (
+        "compressionClass" in params or ("encCipher" in params and "encKeyAlias" in params))
+    return _Layout(18 + plen, transformed, os.fstat(f.fileno()).st_size)
+
+
+def _sections(f, layout: _Layout):
+    """(marker position, next marker, payload length) of each section whose sync marker is written and checks,
+    from the first; the payload length is the uncompressed one for transformed segments."""
+    f.seek(4)
+    seg_id = int.from_bytes(f.read(8), "big", signed=True)
+    marker_size = 12 if layout.transformed else 8
+    pos = layout.header_size
+    while pos + marker_size <= layout.file_len:
+        f.seek(pos)
+        marker = f.read(marker_size)
+        nxt, crc = be_i32(marker, 0), be_u32(marker, 4)
+        if crc != crc32_ints(seg_id & 0xFFFFFFFF, (seg_id >> 32) & 0xFFFFFFFF, pos) & 0xFFFFFFFF:
+            return  # not written yet (a zero tail) or damaged
+        if nxt <= pos or nxt > layout.file_len:
+            return
+        length = be_i32(marker, 8) if layout.transformed else nxt - pos - marker_size
+        if length < 0:
+            return
+        yield pos, nxt, length
+        pos = nxt
 
 
 def synced_file_end(path: Path, logical_offset: int) -> int | None:
@@ -138,38 +208,29 @@ def synced_file_end(path: Path, logical_offset: int) -> int | None:
     None when the file does not (yet) show that much.
     """
     with open(path, "rb") as f:
-        head = f.read(14)
-        if len(head) < 14:
+        layout = _layout(f, path)
+        if layout is None:
             return None
-        seg_id = int.from_bytes(head[4:12], "big", signed=True)
-        plen = int.from_bytes(head[12:14], "big")
-        params_raw = f.read(plen)
-        if len(params_raw) < plen:
-            return None
-        header_size = 18 + plen
-        try:
-            params = json.loads(params_raw.decode("utf-8")) if plen else {}
-        except (UnicodeDecodeError, ValueError):
-            raise FormatError("segment header parameters are not JSON", str(path), 14) from None
-        transformed = isinstance(params, dict) and (
-            "compressionClass" in params or ("encCipher" in params and "encKeyAlias" in params))
-        file_len = os.fstat(f.fileno()).st_size
-        if not transformed:
-            return logical_offset if logical_offset <= file_len else None
-        pos, logical = header_size, header_size
-        while logical < logical_offset:
-            if pos + 12 > file_len:
-                return None
-            f.seek(pos)
-            marker = f.read(12)
-            nxt, crc, uncompressed = be_i32(marker, 0), be_u32(marker, 4), be_i32(marker, 8)
-            if crc != crc32_ints(seg_id & 0xFFFFFFFF, (seg_id >> 32) & 0xFFFFFFFF, pos) & 0xFFFFFFFF:
-                return None  # not written yet (or damaged): do not ship past it
-            if nxt <= pos or nxt > file_len or uncompressed < 0:
-                return None
+        if not layout.transformed:
+            return logical_offset if logical_offset <= layout.file_len else None
+        logical = layout.header_size
+        if logical >= logical_offset:
+            return layout.header_size if logical == logical_offset else None
+        for _, nxt, uncompressed in _sections(f, layout):
             logical += 8 + uncompressed
-            pos = nxt
-        return pos if logical == logical_offset else None
+            if logical >= logical_offset:
+                return nxt if logical == logical_offset else None
+        return None
+
+
+def holds_data(path: Path) -> bool | None:
+    """Whether a segment holds any entry: a section with a payload (an empty final section does not count).
+    None when the header cannot be read (too short)."""
+    with open(path, "rb") as f:
+        layout = _layout(f, path)
+        if layout is None:
+            return None
+        return any(length > 0 for _, _, length in _sections(f, layout))
 
 
 def _idx_paths(cdc_raw: Path, stem: str) -> list[Path]:

@@ -17,6 +17,10 @@ Optionally (``ship_live_prefix``) the synced bytes of live 4.0+ segments are shi
 idx offset is logical and is mapped to the file offset by walking the section markers). The local file is never
 deleted before COMPLETED.
 
+Empty segment links a clean Cassandra shutdown leaves in ``cdc_raw`` (no idx, link count 1: see ``cdc_raw``) are
+deleted once ``orphan_grace_s`` has passed since their last link change and the file is confirmed to hold no
+entry; one that holds entries is shipped like a completed segment instead (Cassandra never touches it again).
+
 It warns (logging WARNING, with numbers) when ``cdc_raw`` holds more than ``warn_usage_fraction`` of the CDC space
 (Cassandra rejects CDC writes when it is full) or grows faster than it ships, and when a segment's ``_cdc.idx``
 stays unreadable (its segment cannot be known complete, so it waits: named, at most every 10 minutes), exposes
@@ -39,7 +43,7 @@ from cdc_lib.settings import AgentConfig
 from cdc_lib.storage.layout import Layout
 from cdc_lib.storage.objects import ObjectNotFound, ObjectStore, sha256_bytes, sha256_file
 
-from .cdc_raw import _IDX_RE, CdcRawScan, CdcSegment, _idx_paths, scan_cdc_raw, synced_file_end
+from .cdc_raw import _IDX_RE, CdcRawScan, CdcSegment, _idx_paths, holds_data, scan_cdc_raw, synced_file_end
 from .space import SpaceMonitor, default_cdc_total_space
 
 log = logging.getLogger("cassandra_cdc.agent")
@@ -79,6 +83,7 @@ class Agent:
         total = config.cdc_total_space or default_cdc_total_space(config.cdc_raw)
         self.space = SpaceMonitor(total, warn_fraction=config.warn_usage_fraction, window=config.rate_window)
         self._live_end: dict[str, int] = {}
+        self._removed_orphans = 0
         self._unreadable_idx: dict[Path, list] = {}     # idx path -> [content, unreadable since, last warned]
         self._last_pass = {"shipped": 0, "bytes": 0, "unreadable_idx": []}
         self._failures = 0
@@ -88,9 +93,10 @@ class Agent:
             "cluster": config.cluster, "node": config.node, "store": self.store.url,
             "segments_shipped": 0, "bytes_shipped": 0, "live_chunks_shipped": 0, "live_bytes_shipped": 0,
             "upload_failures": 0, "consecutive_failures": 0, "conflicts": 0, "segments_lost": 0,
+            "empty_segments_removed": 0,
             "last_error": None, "last_error_time": None, "last_shipped_segment": None, "last_success_time": None,
             "cdc_raw_bytes": 0, "cdc_total_space": total, "cdc_usage_fraction": 0.0, "pending_segments": 0,
-            "live_segments": 0, "unreadable_idx": 0, "arrival_rate": 0.0, "ship_rate": 0.0,
+            "live_segments": 0, "orphaned_segments": 0, "unreadable_idx": 0, "arrival_rate": 0.0, "ship_rate": 0.0,
             "started_at": time.time(), "last_pass_time": None,
             # seconds from a segment's close (its last write in cdc_raw) to its verified copy in the store
             "ship_delay_seconds": new_histogram(),
@@ -155,7 +161,10 @@ class Agent:
             for seg in scan.segments:
                 if self._stop.is_set():
                     break
-                if not seg.complete:
+                if seg.orphaned:
+                    if not self._orphan_holds_data(seg):
+                        continue
+                elif not seg.complete:
                     continue
                 try:
                     if self._ship(seg):
@@ -177,12 +186,14 @@ class Agent:
             if ok:
                 self._failures = 0
                 self._m["consecutive_failures"] = 0
-            if shipped:
+            if shipped or self._removed_orphans:
                 scan = scan_cdc_raw(self.config.cdc_raw)
+                self._removed_orphans = 0
         self._m["cdc_raw_bytes"] = scan.total_bytes
         self._m["cdc_usage_fraction"] = round(scan.total_bytes / self.space.total_space, 6)
         self._m["pending_segments"] = sum(1 for s in scan.segments if s.complete)
-        self._m["live_segments"] = sum(1 for s in scan.segments if not s.complete)
+        self._m["live_segments"] = sum(1 for s in scan.segments if not s.complete and not s.orphaned)
+        self._m["orphaned_segments"] = sum(1 for s in scan.segments if s.orphaned)
         self._watch_unreadable_idx(scan)
         self._last_pass = {"shipped": shipped, "bytes": self._m["bytes_shipped"] - bytes_before,
                            "unreadable_idx": sorted(str(p) for p in self._unreadable_idx)}
@@ -208,6 +219,9 @@ class Agent:
             held.append(f"{m['pending_segments']} completed segment(s) not shipped{why}")
         if live:
             held.append(f"{live} live segment(s), shipped once their _cdc.idx says COMPLETED")
+        if m["orphaned_segments"]:
+            held.append(f"{m['orphaned_segments']} empty segment(s) a Cassandra shutdown left, deleted "
+                        f"{self.config.orphan_grace_s:.0f} s after it")
         if unreadable:
             held.append(f"{len(unreadable)} segment(s) waiting on an unreadable _cdc.idx: {', '.join(unreadable)}")
         return f"{head}; {self.config.cdc_raw} holds " + ("; ".join(held) if held else "no segment")
@@ -337,6 +351,33 @@ class Agent:
             except FileNotFoundError:
                 pass
         self._hook("after_delete_idx", seg.name)
+
+    def _orphan_holds_data(self, seg: CdcSegment) -> bool:
+        """An empty link left by a clean shutdown is deleted (returns False); one that holds entries is to be
+        shipped (True). Waits ``orphan_grace_s`` after the file's last link change: Cassandra deletes the link of a
+        CDC-free segment it discards right after the segment itself, and must not find it gone."""
+        try:
+            st = seg.path.stat()
+        except FileNotFoundError:
+            return False
+        if st.st_nlink != 1 or any(p.exists() for p in _idx_paths(seg.path.parent, seg.stem)):
+            return False                  # changed since the scan: next pass
+        if time.time() - st.st_ctime < self.config.orphan_grace_s:
+            return False
+        data = holds_data(seg.path)
+        if data is None:
+            return False                  # not even a header: leave it, never delete what we cannot read
+        if data:
+            log.warning("%s is no longer in the commit log and has no _cdc.idx, but holds entries: shipping it as "
+                        "completed", seg.name)
+            return True
+        seg.path.unlink(missing_ok=True)
+        self._removed_orphans += 1
+        self._m["empty_segments_removed"] += 1
+        log.info("removed %s from cdc_raw: an empty segment a clean Cassandra shutdown left behind (no _cdc.idx, "
+                 "no longer in the commit log, no entry); it counted %d bytes against cdc_total_space",
+                 seg.name, st.st_size)
+        return False
 
     def _cleanup_orphans(self, scan: CdcRawScan) -> None:
         """Finish deletions cut short by a crash: idx files and records whose segment is already gone."""

@@ -296,7 +296,9 @@ def _apply_update(part: _PartitionState, table: str, update: PartitionUpdate) ->
 # ----------------------------------------------------------------------------------------------------------
 
 def _column_sig(c) -> tuple:
-    return (c.name, c.type.cql, c.kind, c.position, c.reversed)
+    # The type object, not only its CQL text: ``ALTER TYPE ... ADD`` changes the fields of a UDT that a column
+    # names by the same text (``list<frozen<inner>>``), and its values must then decode with the new fields.
+    return (c.name, c.type.cql, c.type, c.kind, c.position, c.reversed)
 
 
 def _table_sig(t: TableMetadata) -> tuple:
@@ -324,8 +326,10 @@ def _table_changes(ks: str, old: Optional[TableMetadata], new: Optional[TableMet
         if before is None:
             out.append(SchemaChange("column_added", ks, new.name, f"{name} {c.type.cql} {c.kind}", new.id))
         elif _column_sig(before) != _column_sig(c):
-            out.append(SchemaChange("column_altered", ks, new.name,
-                                    f"{name}: {before.type.cql} {before.kind} -> {c.type.cql} {c.kind}", new.id))
+            detail = f"{name}: {before.type.cql} {before.kind} -> {c.type.cql} {c.kind}"
+            if before.type.cql == c.type.cql and before.type != c.type:
+                detail = f"{name} {c.type.cql}: a user type it uses changed"
+            out.append(SchemaChange("column_altered", ks, new.name, detail, new.id))
     for name, c in old.columns.items():
         if name not in new.columns:
             d = new.dropped.get(name)

@@ -42,15 +42,35 @@ def _query(session, cql: str, params: Optional[Sequence] = None) -> list:
         raise SchemaError(f"reading the schema failed on {cql!r}: {type(e).__name__}: {e}") from e
 
 
+def _selection(session, table: str) -> str:
+    """The select list for a system_schema table: every column, ``dropped_time`` as its milliseconds.
+
+    Cassandra 4.0 and 5.0 record a column dropped from ``system.local`` (``thrift_version``) at
+    ``Long.MAX_VALUE`` microseconds, a date no Python datetime holds: read as a timestamp, the driver fails the
+    whole ``dropped_columns`` result. The columns are listed from ``system_schema.columns`` (``kind`` is not there
+    before 3.11).
+    """
+    if table != DROPPED_COLUMNS:
+        return "*"
+    names = [r["column_name"] for r in _query(
+        session, f"SELECT column_name FROM {SCHEMA_KEYSPACE}.{COLUMNS} WHERE keyspace_name = %s AND table_name = %s",
+        (SCHEMA_KEYSPACE, DROPPED_COLUMNS))]
+    if "dropped_time" not in names:
+        raise SchemaError(f"{SCHEMA_KEYSPACE}.{DROPPED_COLUMNS} has no dropped_time column: {names}")
+    return ", ".join("blobAsBigint(timestampAsBlob(dropped_time)) AS dropped_time" if n == "dropped_time" else n
+                     for n in names)
+
+
 def read_keyspace_rows(session, keyspaces: Optional[Iterable[str]] = None) -> dict:
     """{keyspace: KeyspaceRows} from the cluster; all keyspaces, or only ``keyspaces`` (one query each)."""
     out: dict = {}
+    selection = {table: _selection(session, table) for table in SOURCE_TABLES}
     if keyspaces is None:
         names = [r["keyspace_name"] for r in _query(session, f"SELECT keyspace_name FROM {SCHEMA_KEYSPACE}.keyspaces")]
         for ks in names:
             out[ks] = KeyspaceRows(ks)
         for table in SOURCE_TABLES:
-            for row in _query(session, f"SELECT * FROM {SCHEMA_KEYSPACE}.{table}"):
+            for row in _query(session, f"SELECT {selection[table]} FROM {SCHEMA_KEYSPACE}.{table}"):
                 ks = row.get("keyspace_name")
                 out.setdefault(ks, KeyspaceRows(ks)).add(table, row)
         return out
@@ -61,7 +81,8 @@ def read_keyspace_rows(session, keyspaces: Optional[Iterable[str]] = None) -> di
             raise SchemaError(f"keyspace {ks!r} does not exist in the cluster")
         rows = out[ks] = KeyspaceRows(ks)
         for table in SOURCE_TABLES:
-            for row in _query(session, f"SELECT * FROM {SCHEMA_KEYSPACE}.{table} WHERE keyspace_name = %s", (ks,)):
+            for row in _query(session, f"SELECT {selection[table]} FROM {SCHEMA_KEYSPACE}.{table} "
+                                       "WHERE keyspace_name = %s", (ks,)):
                 rows.add(table, row)
     return out
 

@@ -54,7 +54,10 @@ The CQL empty value (``cql.types.EMPTY``) shows as null in the typed columns; th
 are always in ``_cdc_cells``, which is what reconciliation reads (``partition_from_records``).
 
 Schema changes: a new column is added to the Delta table by a metadata-only commit (``alter.add_columns``,
-no data file rewritten). A dropped column stays in the Delta table (Delta cannot drop columns without column
+no data file rewritten). A UDT that ``ALTER TYPE ... ADD`` extended gains the field in the Delta struct before
+the next MERGE that writes the table (a schema-merging commit without data), also inside lists and tuples; Delta cannot evolve a
+struct that is the value of an Arrow map (``map<text, frozen<udt>>``): there the new field stays out of the typed
+column, a warning names the column, and ``_cdc_cells`` keeps the exact value. A dropped column stays in the Delta table (Delta cannot drop columns without column
 mapping); every partition written after the drop has it null, and ``visible_rows_query`` lists only current
 columns.
 """
@@ -63,6 +66,7 @@ from __future__ import annotations
 import datetime
 import functools
 import json
+import logging
 import os
 from typing import Iterable, Iterator, Optional, Protocol
 
@@ -80,6 +84,8 @@ from cdc_lib.state.reconcile import (STATE_SCHEMA, STATIC_KEY, PartitionState, _
 from cdc_lib.storage.layout import Layout
 
 from .avro import to_json_event, to_json_key
+
+log = logging.getLogger(__name__)
 
 DEFAULT_APP_ID = "cassandra-cdc"
 META_PREFIX = "_cdc_"
@@ -528,6 +534,14 @@ class DeltaRsStateStore:
         if missing:
             dt.alter.add_columns([Field.from_arrow(f) for f in missing])
             dt = self._open(uri)
+        evolved, changed = _evolved_target(table, pa.schema(dt.schema().to_arrow()))
+        if changed:
+            # An empty append that merges the schema: a commit without data files. (A MERGE with merge_schema
+            # would do it too, but deltalake 1.6 then nulls the whole struct of the rows it copies unchanged.)
+            from deltalake import write_deltalake
+            write_deltalake(uri, evolved.empty_table(), mode="append", schema_mode="merge",
+                            storage_options=self.storage_options or None)
+            dt = self._open(uri)
         return dt
 
     def commit(self, table, batch_seq: int, source) -> bool:
@@ -594,6 +608,49 @@ def _as_reader(data, schema: pa.Schema) -> pa.RecordBatchReader:
         return pa.Table.from_pylist(data, schema=schema).to_reader()
     return pa.RecordBatchReader.from_batches(schema, (b.cast(schema) if b.schema != schema else b
                                                       for b in data))
+
+
+def _gained_fields(have: pa.DataType, want: pa.DataType) -> bool:
+    """``want`` has struct fields that ``have`` lacks, at any depth (a UDT that ``ALTER TYPE ... ADD`` extended).
+    List element names are ignored (Delta calls them ``element``, Arrow ``item``)."""
+    if pa.types.is_struct(want) and pa.types.is_struct(have):
+        names = {f.name for f in have}
+        return any(f.name not in names or _gained_fields(have.field(f.name).type, f.type) for f in want)
+    if pa.types.is_map(want) and pa.types.is_map(have):
+        return _gained_fields(have.key_type, want.key_type) or _gained_fields(have.item_type, want.item_type)
+    if pa.types.is_list(want) and (pa.types.is_list(have) or pa.types.is_large_list(have)):
+        return _gained_fields(have.value_type, want.value_type)
+    return False
+
+
+def _has_map(t: pa.DataType) -> bool:
+    if pa.types.is_map(t):
+        return True
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return _has_map(t.value_type)
+    if pa.types.is_struct(t):
+        return any(_has_map(f.type) for f in t)
+    return False
+
+
+def _evolved_target(table, target: pa.Schema) -> tuple:
+    """The Delta table's schema with the struct fields the CQL table's UDTs gained since (``_gained_fields``),
+    and whether the table must be evolved to it. A struct inside a map cannot be evolved by Delta: it stays
+    as it is (its new fields are dropped from the typed column, kept in ``_cdc_cells``), with a warning."""
+    want = state_arrow_schema(table)
+    evolved = False
+    fields = []
+    for f in target:
+        if f.name in want.names and _gained_fields(f.type, want.field(f.name).type):
+            if _has_map(want.field(f.name).type):
+                log.warning("%s.%s: the UDT gained fields, but Delta cannot add fields to a struct inside a map: "
+                            "the typed column keeps its old fields (the exact value is in _cdc_cells)",
+                            table.qualified_name, f.name)
+            else:
+                f = want.field(f.name)
+                evolved = True
+        fields.append(f)
+    return pa.schema(fields), evolved
 
 
 def _aligned_reader(source, source_schema: pa.Schema, target: Optional[pa.Schema]) -> pa.RecordBatchReader:
