@@ -332,6 +332,12 @@ def _outbox_events(config: PipelineConfig, root: str, batch: Batch, tally: dict,
             if table is None:
                 raise PipelineError(f"publish: table {r['keyspace']}.{r['table']} of event {r['event_id']} is not "
                                     "in the schema; cannot encode it as Avro")
+            hashed = [c.name for c in table.columns.values() if c.mask is not None and
+                      c.mask.function == "mask_hash" and c.type.kind not in ("blob", "text", "ascii")]
+            if hashed:
+                raise PipelineError(f"publish: {table.qualified_name}.{hashed[0]} is masked with mask_hash, whose "
+                                    f"result is a blob, not the column's {table.columns[hashed[0]].type.cql}: the "
+                                    "table's Avro schema cannot carry it; use kafka_format json or another mask")
             key, value = avro_from_json_outbox(codec, table, topic, r["key_json"], r["event_json"])
         out.append(OutboxEvent(r["event_id"], topic, key, value, seq))
         seq += 1
