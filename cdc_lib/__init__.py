@@ -17,7 +17,7 @@ above it here, never one below):
     demo/        the demo and what tests share with it: embedded servers, generated workloads (not for production)
 
 Shared by every stage: ``errors`` (typed errors), ``wire`` (byte primitives), ``settings`` (one settings model),
-``gcpause``.
+``gcpause``, ``metrics`` (the Prometheus text format).
 """
 
 __version__ = "0.1.0"

@@ -319,6 +319,7 @@ class AgentConfig:
     # this old (Cassandra itself deletes the link of a CDC-free segment right after the segment: never race it).
     orphan_grace_s: float = 60.0
     log_level: str = "INFO"
+    datacenter: str | None = None       # this node's datacenter (for the pipeline's local_datacenter)
     metrics_port: int | None = None     # serve /metrics and /health on this port (0: any free port); None: off
     metrics_host: str = "127.0.0.1"     # the endpoint is unauthenticated: bind wider only behind a firewall
 
@@ -389,6 +390,7 @@ class PipelineConfig:
     sweep_interval_s: int = 300                # an empty run sweeps TTL expiries this long after the last batch
     warn_no_segments_s: int = 3600             # claim warns when no segment arrived for this long (0: never)
     vacuum_retention_hours: int = 168          # Delta history the maintenance DAG keeps
+    local_datacenter: Optional[str] = None     # process only segments of nodes whose agent says this datacenter
     # What is captured, besides cdc = true (cql.capture): keyspaces, keyspace.table, keyspace.table.column;
     # a list or a comma-separated string. Empty include lists include everything.
     include_keyspaces: list = field(default_factory=list)

@@ -89,6 +89,7 @@ class Agent:
         self._failures = 0
         self._next_attempt = 0.0
         self._stop = threading.Event()
+        self._announced = False
         self._m: dict[str, Any] = {
             "cluster": config.cluster, "node": config.node, "store": self.store.url,
             "segments_shipped": 0, "bytes_shipped": 0, "live_chunks_shipped": 0, "live_bytes_shipped": 0,
@@ -157,6 +158,8 @@ class Agent:
         scan = scan_cdc_raw(self.config.cdc_raw)
         if now >= self._next_attempt:
             ok = True
+            if self.config.datacenter and not self._announced:
+                self._announce()
             self._cleanup_orphans(scan)
             for seg in scan.segments:
                 if self._stop.is_set():
@@ -250,6 +253,18 @@ class Agent:
                             path, now - state[1], content, seg.name)
         self._unreadable_idx = seen
         self._m["unreadable_idx"] = len(seen)
+
+    def _announce(self) -> None:
+        """Tell the pipeline this node's datacenter (``nodes/<cluster>/<node>.json``); retried next pass if the
+        store fails (shipping does not wait for it: the pipeline processes a node it knows nothing of)."""
+        try:
+            self.store.put_json(Layout.node_info(self.config.cluster, self.config.node),
+                                {"cluster": self.config.cluster, "node": self.config.node,
+                                 "datacenter": self.config.datacenter, "announced_at": time.time()})
+            self._announced = True
+        except Exception as e:  # noqa: BLE001
+            log.warning("cannot record this node's datacenter in the store (%s: %s); retrying next pass",
+                        type(e).__name__, e)
 
     # -------------------------------------------------------------- steps
     def _hook(self, step: str, name: str) -> None:

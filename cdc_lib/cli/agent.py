@@ -33,6 +33,8 @@ def build_parser(prog: str = "cassandra-cdc agent") -> argparse.ArgumentParser:
                         "AWS_SECRET_ACCESS_KEY, CASSANDRA_CDC_STORAGE_OPTIONS or the settings file")
     p.add_argument("--cluster", help="cluster name (first part of every key)")
     p.add_argument("--node", help="node name (default: this host's name)")
+    p.add_argument("--datacenter", help="this node's datacenter, as in cassandra-rackdc.properties (lets the "
+                                        "pipeline process one datacenter's replicas only: local_datacenter)")
     p.add_argument("--poll-interval", dest="poll_interval", type=float, help="seconds between scans (1)")
     p.add_argument("--state-dir", dest="state_dir", help="local state directory (default: beside cdc_raw)")
     p.add_argument("--ship-live-prefix", dest="ship_live_prefix", action="store_true", default=None,

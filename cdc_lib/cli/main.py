@@ -227,7 +227,7 @@ def _inputs_phrase(segments: list, sstables: list) -> str:
 
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog=PROG, description="Cassandra change data capture: inspect commit-log segments, "
-                                              "run the node agent, or run the demo.")
+                                              "run the node agent, watch a pipeline (status, metrics) or run the demo.")
     sub = p.add_subparsers(dest="command", required=True, metavar="{inspect,agent,demo,status,metrics}")
     ins = sub.add_parser("inspect", help="decode commit-log segments or SSTables and print their contents",
                          description="Decode commit-log segments or SSTables and print one record per row, static "

@@ -22,12 +22,21 @@ REGULAR = "regular"
 
 
 @dataclass(frozen=True)
+class ColumnMask:
+    """A Cassandra 5 column mask (``MASKED WITH mask_inner(1, 2)``): the function's name without its ``system.``
+    keyspace, and its arguments after the column value (int, float, str or None). Applied by ``cql.masks``."""
+    function: str
+    args: tuple = ()
+
+
+@dataclass(frozen=True)
 class ColumnMetadata:
     name: str
     type: CqlType
     kind: str                      # PARTITION_KEY, CLUSTERING, STATIC or REGULAR
     position: int = -1             # index within the partition key or clustering; -1 for other columns
     reversed: bool = False         # clustering column with DESC order
+    mask: Optional[ColumnMask] = None   # Cassandra 5 column mask: events carry the masked value
 
     @property
     def is_complex(self) -> bool:

@@ -7,12 +7,14 @@ definitions (``system_schema``), as in ``cdc_lib.commitlog.schema_from_log``.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Iterable, Mapping, Optional, Sequence, Union
 
 from cdc_lib.errors import SchemaError
 
-from .schema import Schema
+from .masks import check_mask
+from .schema import ColumnMask, Schema
 from .system_schema import (COLUMNS, DROPPED_COLUMNS, SCHEMA_KEYSPACE, TABLES, TYPES, VIEWS, KeyspaceRows,
                             build_keyspace, with_system_schema)
 
@@ -108,7 +110,47 @@ def schema_from_session(session, keyspaces: Optional[Iterable[str]] = None, *, s
             raise SchemaError("schema from the cluster is incomplete: " + "; ".join(problems))
         for p in problems:
             log.warning("schema from the cluster: left out %s", p)
+    _add_column_masks(schema, session, keyspaces)
     return schema
+
+
+def _add_column_masks(schema: Schema, session, keyspaces: Optional[Iterable[str]]) -> None:
+    """Cassandra 5 column masks from ``system_schema.column_masks`` onto the columns they mask (older
+    versions have no such table: nothing to add)."""
+    cql = f"SELECT * FROM {SCHEMA_KEYSPACE}.column_masks"
+    rows: list = []
+    try:
+        if keyspaces is None:
+            rows = _query(session, cql)
+        else:
+            for ks in keyspaces:
+                rows += _query(session, cql + " WHERE keyspace_name = %s", (ks,))
+    except SchemaError as e:
+        text = str(e).lower()
+        if "column_masks" in text and ("unconfigured table" in text or "does not exist" in text):   # before 5.0
+            return
+        raise
+    for row in rows:
+        table = schema.by_name(row["keyspace_name"], row["table_name"])
+        col = table.columns.get(row["column_name"]) if table is not None else None
+        if col is None:
+            continue
+        args = tuple(_mask_argument(v) for v in row.get("function_argument_values") or ())
+        where = f"system_schema.column_masks {table.qualified_name}.{col.name}"
+        mask = check_mask(ColumnMask(str(row["function_name"]).lower(), args), col.type, where)
+        table.columns[col.name] = dataclasses.replace(col, mask=mask)
+
+
+def _mask_argument(text):
+    """A stored mask argument (its CQL text) as a value: null, an integer, a 'string', or the text itself."""
+    if text is None or str(text).lower() == "null":
+        return None
+    text = str(text)
+    if text.lstrip("-").isdigit():
+        return int(text)
+    if len(text) >= 2 and text[0] == text[-1] == "'":
+        return text[1:-1].replace("''", "'")
+    return text
 
 
 def load_from_cluster(session_or_contact_points: Union[object, str, Sequence[str]],

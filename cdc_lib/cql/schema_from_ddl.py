@@ -18,6 +18,7 @@ Other tables have the ``compound`` flag; a table with counter columns also has `
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import time
@@ -28,7 +29,9 @@ from typing import Optional, Union
 
 from cdc_lib.errors import SchemaError
 
-from .schema import CLUSTERING, PARTITION_KEY, REGULAR, STATIC, ColumnMetadata, DroppedColumn, Schema, TableMetadata
+from .masks import check_mask
+from .schema import (CLUSTERING, PARTITION_KEY, REGULAR, STATIC, ColumnMask, ColumnMetadata, DroppedColumn, Schema,
+                     TableMetadata)
 from .system_schema import name_uuid_from_bytes
 from .types import CqlType, parse_type, udt_type
 
@@ -94,6 +97,7 @@ class _Table:
     keyspace: str
     name: str
     columns: dict = field(default_factory=dict)      # name -> (type text, static)
+    masks: dict = field(default_factory=dict)        # name -> ColumnMask (Cassandra 5 MASKED WITH)
     partition_key: list = field(default_factory=list)
     clustering: list = field(default_factory=list)
     desc: set = field(default_factory=set)
@@ -204,7 +208,7 @@ class _Statement:
                     depth -= 1
                 elif t.text in ",)" and depth == 0:
                     break
-            elif depth == 0 and t is not start and t.kind == "word" and t.upper in ("STATIC", "PRIMARY"):
+            elif depth == 0 and t is not start and t.kind == "word" and t.upper in ("STATIC", "PRIMARY", "MASKED"):
                 break
             end = self.next()
         return self.text[start.start:end.end]
@@ -354,6 +358,8 @@ class _Loader:
                         static = True
                     elif st.accept_words("PRIMARY", "KEY"):
                         table.partition_key = [col]
+                    elif st.accept_words("MASKED", "WITH"):
+                        table.masks[col] = _mask_call(st)
                     else:
                         break
                 table.columns[col] = (type_text, static)
@@ -607,8 +613,37 @@ class _Loader:
         columns = {c.name: c for c in pk + ck}
         columns.update((c, ColumnMetadata(c, ct, STATIC)) for c, ct in statics)
         columns.update((c, ColumnMetadata(c, ct, REGULAR)) for c, ct in regulars)
+        for c, mask in t.masks.items():
+            columns[c] = dataclasses.replace(columns[c], mask=check_mask(mask, columns[c].type,
+                                                                         f"{where}: {qualified}.{c}"))
         return TableMetadata(t.keyspace, t.name, table_id, pk, ck, columns, dict(t.dropped), frozenset(flags),
                              t.cdc)
+
+
+def _mask_call(st: "_Statement") -> ColumnMask:
+    """``DEFAULT`` or ``[system.]mask_fn(literal, ...)`` after ``MASKED WITH`` (literals: numbers, 'strings',
+    null)."""
+    if st.accept_words("DEFAULT"):
+        return ColumnMask("mask_default")
+    name = st.identifier()
+    if st.accept_punct("."):
+        name = st.identifier()
+    args: list = []
+    st.expect_punct("(")
+    while not st.accept_punct(")"):
+        t = st.next()
+        if t.kind == "number":
+            args.append(float(t.text) if any(ch in t.text for ch in ".eE") else int(t.text))
+        elif t.kind == "string":
+            args.append(t.text[1:-1].replace("''", "'"))
+        elif t.kind == "word" and t.upper == "NULL":
+            args.append(None)
+        else:
+            raise st.error(f"mask {name}: argument {t.text!r} is not a number, a 'string' or null")
+        if not st.accept_punct(","):
+            st.expect_punct(")")
+            break
+    return ColumnMask(name.lower(), tuple(args))
 
 
 def _unique(base: str, used: set, first_bare: bool) -> str:

@@ -320,7 +320,7 @@ def try_it_commands(work: Path) -> list:
     py = shlex.quote(str(venv / "python")) if venv.is_dir() else shlex.quote(sys.executable)
     cli = shlex.quote(str(venv / "cassandra-cdc")) if venv.is_dir() else f"{py} -m cdc_lib.cli"
     columns = ", ".join(repr(c) for c in ORDERS_COLUMNS)
-    store_url = shlex.quote(str(store)) if store.is_absolute() else f'"$PWD/{store}"'   # a store URL is absolute
+    store_url = shlex.quote(str(store)) if store.is_absolute() else f'"$PWD/{store}"'
     return [
         f"{py} -c \"import polars as pl; print(pl.read_delta('{orders}').filter(pl.col('_cdc_live'))"
         f".select({columns}))\"",
@@ -332,6 +332,7 @@ def try_it_commands(work: Path) -> list:
         "duckdb.sql('SELECT \\\"table\\\", op, count(*) AS n FROM events GROUP BY ALL ORDER BY ALL').show()\"",
         f"{cli} inspect --schema {work / 'schema.cql'} --format text "
         f"{store / 'archived' / CLUSTER / 'node1'}/CommitLog-7-*.log | head -20",
+        # the pipeline's settings take absolute paths only (its steps run in other working directories)
         f"{cli} metrics --store-url {store_url} --cluster {CLUSTER} | grep events_total",
     ]
 

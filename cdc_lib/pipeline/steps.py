@@ -66,13 +66,15 @@ log = logging.getLogger("cassandra_cdc.pipeline")
 
 def _candidates(store: ObjectStore, config: PipelineConfig, incoming: list[str]) -> tuple[list, int]:
     """Complete segments of this cluster among the ``incoming/`` keys, in claim order: per-node rank first, so
-    no node waits behind another.
+    no node waits behind another. With ``local_datacenter``, segments of nodes in other datacenters are left out
+    (and left in ``incoming/``).
 
-    Returns (segments, incomplete uploads seen).
+    Returns (segments, incomplete uploads seen, segments of other datacenters).
     """
     by_node: dict = {}
     incomplete = 0
     prefix = Layout.area_prefix(Layout.INCOMING, config.cluster)
+    other_dc = _other_datacenter_nodes(store, config, incoming) if config.local_datacenter else {}
     for key in incoming:
         if not key.startswith(prefix):
             continue
@@ -81,6 +83,9 @@ def _candidates(store: ObjectStore, config: PipelineConfig, incoming: list[str])
             _, seg_id = parse_segment_name(name)
         except CdcError:
             continue  # not a segment (e.g. a stray file): never claimed
+        if node in other_dc:
+            other_dc[node][1] += 1
+            continue
         info = store.info(key)
         if info.checksum is None:
             incomplete += 1       # an upload cut short, or still running: the next run sees it complete
@@ -91,7 +96,31 @@ def _candidates(store: ObjectStore, config: PipelineConfig, incoming: list[str])
     for node, segs in by_node.items():
         for rank, (seg_id, seg) in enumerate(sorted(segs, key=lambda s: s[0])):
             ranked.append(((rank, node), seg))
-    return [s for _, s in sorted(ranked, key=lambda r: r[0])], incomplete
+    skipped = {node: n for node, (dc, n) in other_dc.items() if n}
+    if skipped:
+        log.info("claim: %d segment(s) of other datacenters than %s left in incoming/ (%s)", sum(skipped.values()),
+                 config.local_datacenter, ", ".join(f"{node} ({other_dc[node][0]}): {n}"
+                                                    for node, n in sorted(skipped.items())))
+    return [s for _, s in sorted(ranked, key=lambda r: r[0])], incomplete, sum(skipped.values())
+
+
+def _other_datacenter_nodes(store: ObjectStore, config: PipelineConfig, incoming: list) -> dict:
+    """{node: [datacenter, segments skipped]} of this cluster's nodes whose agent says another datacenter than
+    ``local_datacenter``. A node whose agent said nothing (no ``--datacenter``) is processed, with a warning:
+    leaving it out could lose the only copy of its writes."""
+    said = {}
+    for key in store.list(f"{Layout.NODES}/{config.cluster}/"):
+        try:
+            info = store.get_json(key)
+            said[info["node"]] = info["datacenter"]
+        except Exception:  # noqa: BLE001 - unreadable: treated as a node that said nothing
+            continue
+    prefix = Layout.area_prefix(Layout.INCOMING, config.cluster)
+    silent = sorted({k.split("/")[2] for k in incoming if k.startswith(prefix) and k.count("/") == 3} - set(said))
+    if silent:
+        log.warning("claim: WARNING: local_datacenter is %s but the agents of %s did not say their datacenter "
+                    "(agent --datacenter): their segments are processed", config.local_datacenter, ", ".join(silent))
+    return {node: [dc, 0] for node, dc in said.items() if dc != config.local_datacenter}
 
 
 def claim(config: PipelineConfig, run_id: str = "", *, fault: Fault = no_fault,
@@ -124,8 +153,10 @@ def claim(config: PipelineConfig, run_id: str = "", *, fault: Fault = no_fault,
                     len(last.segments))
         return last
 
-    candidates, incomplete = _candidates(store, config, incoming)
+    candidates, incomplete, other_dc = _candidates(store, config, incoming)
     health["backlog"] = _backlog(candidates)
+    if config.local_datacenter:
+        health["other_datacenter_segments"] = other_dc
     chosen, size = [], 0
     replay_share = claim_replay(store, config, last)      # a requested replay goes before new segments
     if replay_share is not None:
@@ -349,6 +380,12 @@ def _outbox_events(config: PipelineConfig, root: str, batch: Batch, tally: dict,
             if table is None:
                 raise PipelineError(f"publish: table {r['keyspace']}.{r['table']} of event {r['event_id']} is not "
                                     "in the schema; cannot encode it as Avro")
+            hashed = [c.name for c in table.columns.values() if c.mask is not None and
+                      c.mask.function == "mask_hash" and c.type.kind not in ("blob", "text", "ascii")]
+            if hashed:
+                raise PipelineError(f"publish: {table.qualified_name}.{hashed[0]} is masked with mask_hash, whose "
+                                    f"result is a blob, not the column's {table.columns[hashed[0]].type.cql}: the "
+                                    "table's Avro schema cannot carry it; use kafka_format json or another mask")
             key, value = avro_from_json_outbox(codec, table, topic, r["key_json"], r["event_json"])
         out.append(OutboxEvent(r["event_id"], topic, key, value, seq))
         seq += 1

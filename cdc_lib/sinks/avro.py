@@ -82,6 +82,7 @@ from typing import NamedTuple, Optional
 
 import fastavro
 
+from cdc_lib.cql.masks import masked_json
 from cdc_lib.cql.schema import CLUSTERING, PARTITION_KEY, TableMetadata
 from cdc_lib.cql.types import EMPTY, CqlMap, CqlPairs, CqlSet, CqlTime, Duration, UdtValue, parse_type
 from cdc_lib.errors import CqlValueError, SchemaError
@@ -581,14 +582,16 @@ def event_key(table: TableMetadata, event: Mapping) -> dict:
 # ------------------------------------------------------------------------------------------------------ JSON
 
 def to_json_row(table: TableMetadata, row: Optional[Mapping]) -> Optional[dict]:
-    """A row -> its JSON form {column: CqlType.to_json(value)} in ``SELECT *`` order (absent columns null)."""
+    """A row -> its JSON form {column: CqlType.to_json(value)} in ``SELECT *`` order (absent columns null);
+    a masked column's value masked (``cql.masks``)."""
     if row is None:
         return None
-    return {c.name: c.type.to_json(row.get(c.name)) for c in _value_columns(table)}
+    return {c.name: masked_json(c, row.get(c.name)) for c in _value_columns(table)}
 
 
 def to_json_key(table: TableMetadata, key: Mapping) -> dict:
-    return {c.name: c.type.to_json(key.get(c.name)) for c in _key_columns(table)}
+    """The key's JSON form; a masked key column is masked here too (the key is sent as well as the rows)."""
+    return {c.name: masked_json(c, key.get(c.name)) for c in _key_columns(table)}
 
 
 def to_json_event(table: TableMetadata, event: Mapping) -> dict:

@@ -68,6 +68,7 @@ class Layout:
     LEDGER = "ledger"
     OUTBOX = "outbox"
     DELTA = "delta"
+    NODES = "nodes"
 
     @staticmethod
     def _segment_key(area: str, cluster: str, node: str, segment_name: str) -> str:
@@ -129,6 +130,11 @@ class Layout:
         if len(parts) != 4 or parts[0] not in (cls.INCOMING, cls.ARCHIVED, cls.QUARANTINED):
             raise FormatError("not a segment key (<area>/<cluster>/<node>/<segment>)", key)
         return parts[0], parts[1], parts[2], parts[3]
+
+    @classmethod
+    def node_info(cls, cluster: str, node: str) -> str:
+        """What an agent says about its node (its datacenter), for the pipeline's ``local_datacenter``."""
+        return f"{cls.NODES}/{_check_name('cluster', cluster)}/{_check_name('node', node)}.json"
 
     @classmethod
     def checkpoint(cls, name: str) -> str:
