@@ -18,9 +18,12 @@ DAY_TTL = 86_400
 
 
 def schema_for_one_node(schema_cql: str) -> list:
-    """The sample schema's statements, with a replication one node can serve (RF 1)."""
+    """The sample schema's statements, with a replication one node can serve (RF 1), and IF NOT EXISTS: under
+    load the driver may send a statement again after a connection error, when Cassandra had already applied it."""
     cql = schema_cql.replace("{'class': 'NetworkTopologyStrategy', 'dc1': '3'}",
                              "{'class': 'SimpleStrategy', 'replication_factor': 1}")
+    for kind in ("KEYSPACE", "TYPE", "TABLE"):
+        cql = cql.replace(f"CREATE {kind} ", f"CREATE {kind} IF NOT EXISTS ")
     return [s.strip() for s in cql.split(";") if s.strip()]
 
 
