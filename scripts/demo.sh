@@ -4,7 +4,8 @@
 # test`, local Spark + Delta) -> embedded Kafka (Tansu); says what each step runs and how long it took, prints a
 # summary, events from Kafka and a query of a Delta table, stops what it started and keeps its files in
 # ./cdc-demo (README: "Try it after the demo"). Extra arguments go to `cassandra-cdc demo` (see --help:
-# --mutations N, --workdir DIR, --clean).
+# --mutations N, --workdir DIR, --clean, --cassandra: a real Cassandra 5.0 node writes the commit log and the demo
+# ends by comparing the Delta state with SELECT *).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 [ -x .venv/bin/python ] || { echo "demo: .venv missing: run bash scripts/setup.sh first" >&2; exit 1; }

@@ -39,11 +39,11 @@ NOT_CDC_TABLE = "plain"
 
 def schema_statements(rf: int) -> list:
     return [
-        f"CREATE KEYSPACE {KS} WITH replication = {{'class': 'NetworkTopologyStrategy', 'datacenter1': {rf}}}",
-        f"CREATE KEYSPACE {SCRATCH_KS} WITH replication = {{'class': 'NetworkTopologyStrategy', "
+        f"CREATE KEYSPACE IF NOT EXISTS {KS} WITH replication = {{'class': 'NetworkTopologyStrategy', 'datacenter1': {rf}}}",
+        f"CREATE KEYSPACE IF NOT EXISTS {SCRATCH_KS} WITH replication = {{'class': 'NetworkTopologyStrategy', "
         f"'datacenter1': {rf}}}",
-        f"CREATE TYPE {KS}.addr (street text, city text, zip int)",
-        f"""CREATE TABLE {KS}.types (
+        f"CREATE TYPE IF NOT EXISTS {KS}.addr (street text, city text, zip int)",
+        f"""CREATE TABLE IF NOT EXISTS {KS}.types (
             id int, ck text,
             a_ascii ascii, a_bigint bigint, a_blob blob, a_boolean boolean, a_date date, a_decimal decimal,
             a_double double, a_duration duration, a_float float, a_inet inet, a_int int, a_smallint smallint,
@@ -54,21 +54,21 @@ def schema_statements(rf: int) -> list:
             tup tuple<int, text, double>, udt frozen<addr>, udt_cells addr,
             nested frozen<map<text, frozen<list<int>>>>, l_udt list<frozen<addr>>,
             PRIMARY KEY (id, ck)) WITH cdc = true""",
-        f"""CREATE TABLE {KS}.orders (
+        f"""CREATE TABLE IF NOT EXISTS {KS}.orders (
             customer text, day date, placed timestamp, id int, note text static, status text, total decimal,
             items map<text, int>, tags set<text>,
             PRIMARY KEY ((customer, day), placed, id)) WITH CLUSTERING ORDER BY (placed DESC, id ASC) AND cdc = true""",
-        f"""CREATE TABLE {KS}.series (k int, c1 int, c2 text, v text, PRIMARY KEY (k, c1, c2))
+        f"""CREATE TABLE IF NOT EXISTS {KS}.series (k int, c1 int, c2 text, v text, PRIMARY KEY (k, c1, c2))
             WITH CLUSTERING ORDER BY (c1 DESC, c2 ASC) AND cdc = true""",
-        f"CREATE TABLE {KS}.counters (k text, c int, hits counter, bytes counter, PRIMARY KEY (k, c)) "
+        f"CREATE TABLE IF NOT EXISTS {KS}.counters (k text, c int, hits counter, bytes counter, PRIMARY KEY (k, c)) "
         "WITH cdc = true",
-        f"CREATE TABLE {KS}.evolve (k int PRIMARY KEY, a text, b int) WITH cdc = true",
-        f"CREATE TABLE {KS}.ooo (k int, c int, a text, b text, PRIMARY KEY (k, c)) WITH cdc = true",
-        f"""CREATE TABLE {KS}.i14 (k int, c int, s text static, v text, m map<text, int>, l list<int>, st set<int>,
+        f"CREATE TABLE IF NOT EXISTS {KS}.evolve (k int PRIMARY KEY, a text, b int) WITH cdc = true",
+        f"CREATE TABLE IF NOT EXISTS {KS}.ooo (k int, c int, a text, b text, PRIMARY KEY (k, c)) WITH cdc = true",
+        f"""CREATE TABLE IF NOT EXISTS {KS}.i14 (k int, c int, s text static, v text, m map<text, int>, l list<int>, st set<int>,
             PRIMARY KEY (k, c)) WITH cdc = true""",
-        f"CREATE TABLE {KS}.ttl (k int PRIMARY KEY, v text, w text) WITH cdc = true",
-        f"CREATE TABLE {KS}.bulk (k int PRIMARY KEY, data blob) WITH cdc = true",
-        f"CREATE TABLE {KS}.{NOT_CDC_TABLE} (k int PRIMARY KEY, v text, n int)",
+        f"CREATE TABLE IF NOT EXISTS {KS}.ttl (k int PRIMARY KEY, v text, w text) WITH cdc = true",
+        f"CREATE TABLE IF NOT EXISTS {KS}.bulk (k int PRIMARY KEY, data blob) WITH cdc = true",
+        f"CREATE TABLE IF NOT EXISTS {KS}.{NOT_CDC_TABLE} (k int PRIMARY KEY, v text, n int)",
     ]
 
 
@@ -173,6 +173,8 @@ def types_row(i: int) -> tuple:
 # ------------------------------------------------------------------------------------------------ phases
 
 def create_schema(session, rf: int) -> None:
+    # IF NOT EXISTS: under load the driver may send a statement again after a connection error, when Cassandra
+    # had already applied it (AlreadyExists on a fresh cluster)
     for cql in schema_statements(rf):
         session.execute(cql)
 

@@ -96,8 +96,8 @@ def switch_segments(rec: Recorder, cluster: LocalCassandra, nodes) -> None:
     none is left with a live idx."""
     before = {i: _completed(cluster, i) for i in nodes}
     name = f"s{uuid.uuid4().hex[:8]}"
-    rec.session.execute(f"CREATE TABLE {SCRATCH_KS}.{name} (k int PRIMARY KEY)")
-    rec.session.execute(f"DROP TABLE {SCRATCH_KS}.{name}")
+    rec.session.execute(f"CREATE TABLE IF NOT EXISTS {SCRATCH_KS}.{name} (k int PRIMARY KEY)")
+    rec.session.execute(f"DROP TABLE IF EXISTS {SCRATCH_KS}.{name}")
 
     def switched():
         for i in nodes:
@@ -242,6 +242,17 @@ def kafka_events(sc: Scenario, name: str) -> list:
 
 
 # ------------------------------------------------------------------------------------------------ the checks
+
+def test_another_cassandra_on_the_port_is_not_taken_for_the_node(real_cassandra, tmp_path):
+    """A node whose CQL port another Cassandra answers on (here the session's node) is not ready: the start
+    fails naming both commit logs, instead of the tests talking to someone else's cluster. (Before the scenario
+    tests: their scenario drains the session's node.)"""
+    from cdc_lib.demo.cassandra import CassandraStartError
+    other = LocalCassandra(tmp_path / "other", 1)
+    other.native_port = real_cassandra.native_port             # as if it had lost the race for the port
+    with pytest.raises(CassandraStartError, match="another Cassandra answers"):
+        other._answers_as(other.node(1))
+
 
 def test_delta_state_equals_select_star(scenario):
     """For every CDC table, the Delta state WHERE _cdc_live equals SELECT * at CL ALL, value for value."""
@@ -470,9 +481,9 @@ def test_replica_copies_of_one_mutation_have_the_same_mutation_id(tmp_path):
     from cdc_lib.demo.cassandra import start_cluster
     with start_cluster(3, tmp_path / "c3", cluster_name="replicas") as cluster:
         session = cluster.session()
-        session.execute("CREATE KEYSPACE r WITH replication = {'class': 'NetworkTopologyStrategy', "
+        session.execute("CREATE KEYSPACE IF NOT EXISTS r WITH replication = {'class': 'NetworkTopologyStrategy', "
                         "'datacenter1': 3}")
-        session.execute("CREATE TABLE r.t (k int, c int, v text, m map<text, int>, s text static, "
+        session.execute("CREATE TABLE IF NOT EXISTS r.t (k int, c int, v text, m map<text, int>, s text static, "
                         "PRIMARY KEY (k, c)) WITH cdc = true")
         statements = []
         for k in range(8):
@@ -534,8 +545,8 @@ def test_compressed_encrypted_and_descriptor_8_segments_give_select_star(variant
     yaml, keys = make(tmp_path)
     with start_cluster(1, tmp_path / "c", yaml=yaml, cluster_name="variant") as cluster:
         session = cluster.session()
-        session.execute("CREATE KEYSPACE v WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 1}")
-        session.execute("CREATE TABLE v.t (k int, c text, v text, n bigint, d decimal, m map<text, int>, "
+        session.execute("CREATE KEYSPACE IF NOT EXISTS v WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 1}")
+        session.execute("CREATE TABLE IF NOT EXISTS v.t (k int, c text, v text, n bigint, d decimal, m map<text, int>, "
                         "l list<double>, s text static, PRIMARY KEY (k, c)) WITH cdc = true")
         for k in range(30):
             for cql in (f"INSERT INTO v.t (k, c, v, n, d, m, l) VALUES ({k}, 'a', 'v{k}', {k << 40}, {k}.5, "
@@ -565,3 +576,4 @@ def test_compressed_encrypted_and_descriptor_8_segments_give_select_star(variant
     assert headers == {(descriptor, encrypted, compressor)}, headers
     assert json_table(table, visible_table(table, mutations, now)) == expected
     assert len(expected) > 40
+

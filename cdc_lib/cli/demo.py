@@ -24,13 +24,17 @@ def build_parser():
     p.add_argument("--clean", action="store_true", help="delete the workdir at the end")
     p.add_argument("--seed", type=int, default=7, help="seed of the generated workload (7): same seed, same writes")
     p.add_argument("--max-segments", type=int, default=16, help="segments per batch, a DAG param (16)")
+    p.add_argument("--cassandra", action="store_true",
+                   help="a real Cassandra 5.0 node (127.0.0.1, the jars setup.sh fetched) writes the commit log: "
+                        "the sample schema, --mutations statements through cassandra-driver; the demo ends by "
+                        "comparing the Delta state with SELECT *")
     return p
 
 
 def demo_main(argv=None) -> int:
     a = build_parser().parse_args(argv)
     try:
-        run_demo(a.mutations, a.workdir, a.seed, a.max_segments, a.clean)
+        run_demo(a.mutations, a.workdir, a.seed, a.max_segments, a.clean, cassandra=a.cassandra)
     except KeyboardInterrupt:
         _say("interrupted: everything started was stopped")
         return exits.INTERRUPTED

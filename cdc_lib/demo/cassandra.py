@@ -456,7 +456,7 @@ class LocalCassandra:
                     raise CassandraStartError(f"node {n.index} ({n.address}) exited with status "
                                               f"{n.proc.returncode if n.proc else '?'} before CQL was up\n"
                                               f"{n.log_tail()}")
-                if _port_open(n.address, self.native_port):
+                if _port_open(n.address, self.native_port) and self._answers_as(n):
                     n.ready_after = time.monotonic() - n.started_at
                     del pending[n.index]
             if pending and time.monotonic() > deadline:
@@ -465,6 +465,27 @@ class LocalCassandra:
             if pending:
                 time.sleep(0.2)
         self._wait_peers(deadline)
+
+    def _answers_as(self, n: Node) -> bool:
+        """The Cassandra answering on the node's address and CQL port is this node (its commit-log directory),
+        not another one that took the port first (other jobs on the machine start Cassandras too: a node of ours
+        that lost the race exits, and the other one must not be taken for it). False while it cannot tell yet."""
+        from cassandra.cluster import Cluster
+        from cassandra.policies import WhiteListRoundRobinPolicy
+        cluster = Cluster([n.address], port=self.native_port, protocol_version=5, connect_timeout=10,
+                          load_balancing_policy=WhiteListRoundRobinPolicy([n.address]))
+        try:
+            rows = cluster.connect().execute("SELECT value FROM system_views.settings "
+                                             "WHERE name = 'commitlog_directory'")
+            theirs = [r.value for r in rows]
+        except Exception:  # noqa: BLE001 - not ready yet (or not Cassandra): asked again on the next round
+            return False
+        finally:
+            cluster.shutdown()
+        if theirs != [str(n.commitlog)]:
+            raise CassandraStartError(f"another Cassandra answers on {n.address}:{self.native_port} (its commit log "
+                                      f"is {theirs}, node {n.index}'s is {n.commitlog})\n{n.log_tail()}")
+        return True
 
     def _wait_peers(self, deadline: float) -> None:
         """Every running node knows every other running one as a NORMAL peer (so RF = N writes at ALL work)."""

@@ -2,7 +2,10 @@
 
 1. Generates what a 3-node, RF 3 cluster writes for the sample schema (``demo.workload.SAMPLE_SCHEMA_CQL``): one
    fake ``cdc_raw`` per node with completed segments (``_cdc.idx`` COMPLETED), so replica copies, out-of-order
-   writes, updates, deletes, TTLs, collections and counters all occur.
+   writes, updates, deletes, TTLs, collections and counters all occur. With ``--cassandra`` a real Cassandra 5.0
+   node (``demo.cassandra``) writes them instead: the sample schema, writes through cassandra-driver
+   (``demo.shop_writes``), ``nodetool drain``; the demo then ends with the Delta state compared with the
+   ``SELECT *`` the node answered (``demo.compare``).
 2. Starts the embedded Kafka broker (Tansu) and S3 store (SeaweedFS) on 127.0.0.1 (``demo.servers``).
 3. Runs each node's agent once: cdc_raw -> ``s3://<bucket>/cdc/incoming/...``.
 4. Runs the real ``cassandra_cdc`` DAG with ``airflow dags test`` (SQLite, AIRFLOW_HOME in the workdir; Kafka and
@@ -266,8 +269,8 @@ def query_delta(table_path: str, columns: list, limit: int = 5):
     return live.select(pl.len()).collect().item(), live.head(limit).collect()
 
 
-def summarize(store, cw) -> dict:
-    """Totals over every batch manifest in the store, next to what the generator wrote."""
+def summarize(store, cw=None) -> dict:
+    """Totals over every batch manifest in the store, next to what the generator wrote (``cw``, if it did)."""
     by_op: dict = {}
     by_table: dict = {}
     s = {"batches": 0, "segments": 0, "events": 0, "published": 0, "already_in_kafka": 0, "quarantined": 0,
@@ -290,17 +293,21 @@ def summarize(store, cw) -> dict:
             by_table[k] = by_table.get(k, 0) + v
     s["by_op"] = by_op
     s["by_table"] = by_table
-    s["generated_mutations"] = len(cw.mutations)
-    s["commit_log_entries"] = cw.replica_copies
-    s["replica_copies_dropped"] = cw.replica_copies - len(cw.mutations)
+    if cw is not None:                     # generated segments: what the generator wrote
+        s["generated_mutations"] = len(cw.mutations)
+        s["commit_log_entries"] = cw.replica_copies
+        s["replica_copies_dropped"] = cw.replica_copies - len(cw.mutations)
     return s
 
 
 def _print_summary(s: dict, store_url: str) -> None:
     _say("summary")
-    print(f"    generated mutations          {s['generated_mutations']}")
-    print(f"    commit-log entries (3 nodes) {s['commit_log_entries']}")
-    print(f"    replica copies dropped       {s['replica_copies_dropped']}")
+    if "cql_statements" in s:
+        print(f"    CQL statements (real node)   {s['cql_statements']} (node up in {s['cassandra_started_in']} s)")
+    if "generated_mutations" in s:
+        print(f"    generated mutations          {s['generated_mutations']}")
+        print(f"    commit-log entries (3 nodes) {s['commit_log_entries']}")
+        print(f"    replica copies dropped       {s['replica_copies_dropped']}")
     print(f"    batches / segments           {s['batches']} / {s['segments']} (archived {s['archived']}, "
           f"sweep batches {s['sweep_batches']} with {s['expiry_events']} TTL expiry events, snapshot batches "
           f"{s['snapshot_batches']})")
@@ -349,8 +356,59 @@ def _prepare_workdir(work: Path) -> None:
     (work / MARKER).write_text("made by cassandra-cdc demo; deleted by the next demo run here\n")
 
 
+def write_real_cluster(work: Path, n_statements: int, seed: int, schema_file: Path) -> dict:
+    """``--cassandra``: a real Cassandra 5.0 node writes the commit log. Starts it, creates the sample schema,
+    writes through cassandra-driver, keeps ``SELECT *`` of every table (the demo's closing check) and the
+    ``DESCRIBE`` output (the pipeline's schema file), drains and stops it. Its ``cdc_raw`` stays for the agent."""
+    from cdc_lib.cql.schema_from_ddl import load_cql_schema
+
+    from .cassandra import LocalCassandra, describe
+    from .compare import select_native, select_rows
+    from .shop_writes import KEYSPACE, TABLES, schema_for_one_node, write_shop
+    from .workload import SAMPLE_SCHEMA_CQL
+    cluster = LocalCassandra(work.resolve() / "cassandra", 1)
+    node = cluster.node(1)
+    try:
+        with _step("starting a real Cassandra 5.0 node on 127.0.0.1 (the jars setup.sh fetched into "
+                   ".jvm/lib/cassandra)") as notes:
+            cluster.start()
+            notes.append(f"pid {node.pid}, CQL on 127.0.0.1:{cluster.native_port} after {cluster.started_in:.1f} s; "
+                         f"logs in {node.log_dir}")
+        with _step(f"writing {n_statements} statements through cassandra-driver (sample schema, RF 1, CDC on, "
+                   "1 MiB commit-log segments)") as notes:
+            session = cluster.session()
+            for statement in schema_for_one_node(SAMPLE_SCHEMA_CQL):
+                session.execute(statement)
+            statements = write_shop(session, n_statements, seed)
+            schema_file.write_text(describe(session, KEYSPACE))
+            schema = load_cql_schema(schema_file.read_text())
+            tables = [schema.by_name(KEYSPACE, t) for t in TABLES]
+            expected = {t.qualified_name: select_rows(session, t) for t in tables}
+            native = {t.qualified_name: select_native(session, t) for t in tables}
+            now = int(time.time())
+            notes.append(f"SELECT * kept for the closing check ({sum(map(len, expected.values()))} rows); "
+                         f"DESCRIBE written to {schema_file}")
+        with _step(f"nodetool drain (the last segment completes), then stop the node (pid {node.pid})"):
+            cluster.nodetool(1, "drain")
+    finally:
+        cluster.stop()
+    return {"cdc_raw": node.cdc_raw, "tables": tables, "expected": expected, "native": native, "now": now,
+            "statements": statements, "started_in": cluster.started_in}
+
+
+def closing_check(real: dict, local_store: Path):
+    """The Delta state (``WHERE _cdc_live``) of every table against the ``SELECT *`` the node answered."""
+    from .compare import Comparison, compare_native, compare_table, delta_live_rows
+    out = Comparison()
+    for t in real["tables"]:
+        delta_rows = delta_live_rows(str(local_store), t)
+        compare_table(t, real["expected"][t.qualified_name], delta_rows, out)
+        compare_native(t, real["native"][t.qualified_name], delta_rows, out)
+    return out
+
+
 def run_demo(n_mutations: int = 2000, workdir: Path = DEFAULT_WORKDIR, seed: int = 7, max_segments: int = 16,
-             clean: bool = False) -> dict:
+             clean: bool = False, cassandra: bool = False) -> dict:
     from cdc_lib.agent.shipper import Agent
     from cdc_lib.pipeline.batches import read_metrics
     from cdc_lib.pipeline.resources import open_store
@@ -367,29 +425,37 @@ def run_demo(n_mutations: int = 2000, workdir: Path = DEFAULT_WORKDIR, seed: int
         _say(f"workdir {work} (" + ("deleted at the end: --clean" if clean else
                                     "kept after the demo; --clean deletes it, the next demo run here starts afresh")
              + ")")
-        with _step(f"generating {n_mutations} writes on 3 nodes, RF 3 (sample schema: {schema_file})") as notes:
-            schema = sample_schema()
-            workload = Workload(schema, seed=seed, start_us=clock_start_us())   # dated now: TTLs run out later
-            cw = write_cluster_segments(work / "cassandra", schema, n_mutations, seed=seed, workload=workload,
-                                        segment_size=256 * 1024)
-            notes.append(", ".join(f"{node}: {len(paths)} segments" for node, paths in sorted(cw.segments.items()))
-                         + f" in {work / 'cassandra'}/<node>")
+        cw = real = None
+        if cassandra:
+            real = write_real_cluster(work, n_mutations, seed, schema_file)
+            cdc_raws = {"node1": real["cdc_raw"]}
+            now = real["now"]
+        else:
+            with _step(f"generating {n_mutations} writes on 3 nodes, RF 3 (sample schema: {schema_file})") as notes:
+                schema = sample_schema()
+                workload = Workload(schema, seed=seed, start_us=clock_start_us())  # dated now: TTLs run out later
+                cw = write_cluster_segments(work / "cassandra", schema, n_mutations, seed=seed, workload=workload,
+                                            segment_size=256 * 1024)
+                notes.append(", ".join(f"{node}: {len(paths)} segments"
+                                       for node, paths in sorted(cw.segments.items()))
+                             + f" in {work / 'cassandra'}/<node>")
+            cdc_raws = {node: work / "cassandra" / node for node in cw.segments}
+            # The end of the generated traffic: TTLs (60 s, 3600 s) are still running at the first batches.
+            now = workload.clock_us // 1_000_000 + 5
         with contextlib.ExitStack() as stack:
             with _step("starting Kafka (Tansu) and S3 (SeaweedFS) on 127.0.0.1") as notes:
                 broker = stack.enter_context(run_kafka_broker(work.resolve() / "tansu"))
                 s3 = stack.enter_context(run_s3_server(work.resolve() / "weed", bucket=BUCKET))
                 notes.append(f"kafka {broker.bootstrap} (pid {broker.pid}), s3 {s3.endpoint_url} (pid {s3.pid})")
             store_url = f"s3://{BUCKET}/cdc"
-            # The end of the generated traffic: TTLs (60 s, 3600 s) are still running at the first batches.
-            now = workload.clock_us // 1_000_000 + 5
             cfg = PipelineConfig(store_url=store_url, s3_endpoint_url=s3.endpoint_url, s3_access_key=s3.access_key,
                                  s3_secret_key=s3.secret_key, cluster=CLUSTER, schema_file=str(schema_file),
                                  kafka_bootstrap=broker.bootstrap, now=now, max_segments=max_segments)
             store = open_store(cfg)
 
             with _step(f"agents: shipping each node's cdc_raw to {store_url}") as notes:
-                for node in sorted(cw.segments):
-                    agent = Agent(AgentConfig(cdc_raw=work / "cassandra" / node, store_url=store_url,
+                for node, cdc_raw in sorted(cdc_raws.items()):
+                    agent = Agent(AgentConfig(cdc_raw=cdc_raw, store_url=store_url,
                                               cluster=CLUSTER, node=node, storage_options=cfg.fs_options(),
                                               state_dir=work / "agent-state" / node), store=store)
                     agent.run_once()
@@ -429,6 +495,9 @@ def run_demo(n_mutations: int = 2000, workdir: Path = DEFAULT_WORKDIR, seed: int
                                     "between the batches before and after it", env, later, log_path, store))
 
             summary = summarize(store, cw)
+            if real is not None:
+                summary["cql_statements"] = real["statements"]
+                summary["cassandra_started_in"] = round(real["started_in"], 1)
             summary["metrics"] = read_metrics(cfg).get("totals", {})
             summary["dags_test_seconds"] = [round(t, 1) for t in timings]
             _print_summary(summary, store_url)
@@ -450,6 +519,13 @@ def run_demo(n_mutations: int = 2000, workdir: Path = DEFAULT_WORKDIR, seed: int
             _say(f"Polars over the Delta state table shop.orders ({orders}): {count} visible rows; first {len(df)}:")
             print(df)
             summary["orders_rows"] = count
+            if real is not None:
+                check = closing_check(real, work / "store")
+                summary["equality"] = {"tables": check.tables, "rows": check.rows, "cells": check.cells,
+                                       "equal": check.equal}
+                _say(check.summary())
+                if not check.equal:
+                    raise RuntimeError("the Delta state differs from what Cassandra returns (above)")
             t0 = time.monotonic()
             _say(f"stopping kafka (pid {broker.pid}) and s3 (pid {s3.pid}) ...")
         _say(f"  stopped in {time.monotonic() - t0:.1f} s")
