@@ -15,8 +15,9 @@ def corpus() -> Path:
     return CORPUS
 
 
-# Real servers for tests (Tansu Kafka broker, SeaweedFS S3 on 127.0.0.1, stopped by PID): see tests/servers.py.
-# Session-scoped: kafka_broker (bootstrap str), s3_server (S3Server), airflow_home (env dict for `airflow dags
-# test`, SQLite migrated). Function-scoped: kafka_topic, s3_bucket, spark_session (one shared local[2] session).
+# Real servers for tests (Apache Kafka, SeaweedFS S3, Apicurio Registry on 127.0.0.1, stopped by PID): see
+# tests/servers.py. Session-scoped: kafka_broker (bootstrap str), s3_server (S3Server), schema_registry (URL),
+# airflow_home (env dict for `airflow dags test`, SQLite migrated). Function-scoped: kafka_topic, s3_bucket,
+# spark_session (one shared local[2] session).
 from servers import (_spark_workdir, airflow_home, kafka_broker, kafka_topic, s3_bucket, s3_server,  # noqa: E402,F401
-                     spark_session)
+                     schema_registry, spark_session)

@@ -1,11 +1,13 @@
-"""Real servers for tests: pytest fixtures over ``cdc_lib.embedded`` (Tansu Kafka broker, SeaweedFS S3).
+"""Real servers for tests: pytest fixtures over ``cdc_lib.demo.servers`` (Apache Kafka, SeaweedFS S3, Apicurio
+Registry) and ``cdc_lib.demo.spark_cluster`` (a Spark standalone cluster).
 
-The process management (start on free 127.0.0.1 ports, readiness checks, stop by PID) lives in
-``cdc_lib.embedded`` so that the demo uses the same code; see its docstring for what Tansu does and does not do.
+The process management (start on free 127.0.0.1 ports, readiness checks, stop by PID) lives in ``cdc_lib.demo``
+so that the demo and the benchmarks use the same code.
 
 Pytest fixtures (session-scoped servers, function-scoped names):
     kafka_broker -> str bootstrap address; kafka_topic -> a new 1-partition topic name on it
     s3_server -> S3Server; s3_bucket -> a new empty bucket name on it
+    schema_registry -> str URL of a Confluent-compatible registry (Apicurio's ccompat API)
 Reading what the pipeline published:
     consume_topic(bootstrap, topic) -> [Record(event_id, batch, key, value)] of partition 0, to its end
 Not servers, but the same kind of environment plumbing:
@@ -28,16 +30,15 @@ from typing import Iterator
 
 import pytest
 
-from cdc_lib.demo.servers import (KAFKA_GROUP_CONSUMER_CONFIG, LOOPBACK, KafkaBroker, S3Server, ServerProcess,
-                                  ServerStartError, free_port, run_kafka_broker, run_s3_server, tansu_binary,
-                                  weed_binary)
+from cdc_lib.demo.servers import (LOOPBACK, KafkaBroker, S3Server, SchemaRegistry, ServerProcess, ServerStartError,
+                                  free_port, run_kafka_broker, run_s3_server, run_schema_registry, weed_binary)
 
 __all__ = [
-    "ServerStartError", "ServerProcess", "KafkaBroker", "S3Server",
-    "run_kafka_broker", "run_s3_server", "tansu_binary", "weed_binary", "free_port",
-    "KAFKA_GROUP_CONSUMER_CONFIG",
+    "ServerStartError", "ServerProcess", "KafkaBroker", "S3Server", "SchemaRegistry",
+    "run_kafka_broker", "run_s3_server", "run_schema_registry", "weed_binary", "free_port",
     "LOCAL_SPARK_CONF", "get_local_spark_session", "local_spark_session", "airflow_env", "migrated_airflow_home",
-    "kafka_broker", "kafka_topic", "s3_server", "s3_bucket", "spark_session", "airflow_home", "consume_topic",
+    "kafka_broker", "kafka_topic", "s3_server", "s3_bucket", "schema_registry", "spark_session", "airflow_home",
+    "consume_topic",
 ]
 
 
@@ -144,9 +145,16 @@ def migrated_airflow_home(home: Path, dags_folder: Path, timeout: float = 300.0)
 
 @pytest.fixture(scope="session")
 def kafka_broker(tmp_path_factory) -> Iterator[str]:
-    """Bootstrap address ("127.0.0.1:PORT") of a memory-only Tansu broker shared by the whole session."""
-    with run_kafka_broker(tmp_path_factory.mktemp("tansu")) as broker:
+    """Bootstrap address ("127.0.0.1:PORT") of a Kafka broker shared by the whole session."""
+    with run_kafka_broker(tmp_path_factory.mktemp("kafka")) as broker:
         yield broker.bootstrap
+
+
+@pytest.fixture(scope="session")
+def schema_registry(tmp_path_factory) -> Iterator[str]:
+    """URL of a Confluent-compatible schema registry (Apicurio, in memory) shared by the whole session."""
+    with run_schema_registry(tmp_path_factory.mktemp("registry")) as registry:
+        yield registry.url
 
 
 @pytest.fixture
