@@ -375,11 +375,19 @@ class PipelineConfig:
     spark_master: str = "local[2]"
     spark_submit: bool = False                 # run the job with spark-submit instead of in-process
     spark_submit_bin: str = "spark-submit"
-    staging_dir: Optional[str] = None          # where segments of a remote store are fetched to
+    # Delta Lake and s3a jars: jar files or directories, comma-separated; None: .jvm/lib/delta and .jvm/lib/s3a of
+    # this checkout (scripts/setup.sh); "none": the cluster has them (cdc_lib.spark.conf)
+    spark_jars: Optional[str] = None
+    spark_conf: dict = field(default_factory=dict)   # more Spark properties (spark-submit --conf)
+    # Batches of at most this many bytes of segments, on a local master, run in the transform step's own process
+    # without Spark (no JVM, no task costs; Delta written by delta-rs); 0: always Spark
+    driver_batch_max_bytes: int = field(default=32 * MiB, metadata={"parse": parse_size})
     now: Optional[int] = None                  # fixed processing time (seconds) for tests/demo; None: wall clock
     sweep_interval_s: int = 300                # an empty run sweeps TTL expiries this long after the last batch
     warn_no_segments_s: int = 3600             # claim warns when no segment arrived for this long (0: never)
     vacuum_retention_hours: int = 168          # Delta history the maintenance DAG keeps
+    delta_lock_wait_s: float = 900.0           # how long a transform or the maintenance DAG waits for the other to
+                                               # finish writing the Delta tables (storage.lock)
     app_id: str = "cassandra-cdc"
     kafka_conn_id: str = "cassandra_cdc_kafka"          # Airflow connections the DAG reads (see pipeline.airflow)
     s3_conn_id: str = "cassandra_cdc_s3"
@@ -390,7 +398,7 @@ class PipelineConfig:
     maintenance_schedule: Optional[str] = field(default="@hourly", metadata=PARSE_TIME)
 
     def __post_init__(self) -> None:
-        for name in ("store_url", "schema_file", "staging_dir"):
+        for name in ("store_url", "schema_file"):
             value = getattr(self, name)
             if value is not None and _relative_local_path(value):
                 raise ConfigError(
@@ -443,7 +451,9 @@ class PipelineConfig:
         """deltalake (object_store crate) ``storage_options``."""
         if not self.remote:
             return {}
-        opts = {"AWS_REGION": self.s3_region, "AWS_S3_ALLOW_UNSAFE_RENAME": "true",
+        # Delta commits are conditional PUTs (If-None-Match: two writers can never both create a version), which
+        # S3 and S3-compatible stores support; said explicitly so that a library default cannot turn it off.
+        opts = {"AWS_REGION": self.s3_region, "conditional_put": "etag",
                 "timeout": f"{int(max(1, self.s3_timeout_s))}s"}
         if self.s3_endpoint_url:
             opts["AWS_ENDPOINT_URL"] = self.s3_endpoint_url

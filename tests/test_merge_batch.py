@@ -1,11 +1,9 @@
-"""The Spark step on real replica segments: same outbox and state as the Spark-free core, damage quarantined,
-reruns change nothing, and the job runs under spark-submit too."""
+"""The Spark step on real replica segments: the same outbox and state as the Spark-free core (in this process with
+delta-rs, and on Spark tasks with delta-spark), damage quarantined, reruns change nothing, and the job runs under
+spark-submit too."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -73,16 +71,16 @@ def _sorted_state(root, t):
 
 @pytest.mark.parametrize("mode", ["driver", "tasks"])
 def test_spark_batches_equal_the_core_and_the_model(spark, cluster, tmp_path, mode):
-    """Both paths of the job: small local batches in the driver process, and Spark tasks (forced here by
-    turning the driver shortcut off), give the same outbox and state as the core and the model."""
+    """Both paths of the job: a batch in this process without Spark (delta-rs writes), and on Spark tasks
+    (delta-spark writes), give the same outbox and state as the core and the model."""
     from cdc_lib.spark import merge_job as mb
-    spark.conf.set(mb.DRIVER_BATCH_CONF, str(mb.DRIVER_BATCH_MAX_BYTES if mode == "driver" else 0))
+    session = spark if mode == "tasks" else None
     schema, cw, batches = cluster
     nows = [NOW0 + 30, NOW0 + 120]
     root = tmp_path / "spark"
     results = []
     for i, paths in enumerate(batches):
-        results.append(run_batch(spark, paths, root=str(root), schema=schema, batch_id=f"b{i}", batch_seq=i + 1,
+        results.append(run_batch(session, paths, root=str(root), schema=schema, batch_id=f"b{i}", batch_seq=i + 1,
                                  now=nows[i], prev_now=nows[i - 1] if i else None, cluster="c1"))
     assert results[0].events > 0 and results[0].outbox_written and results[0].tables
     assert mb.LAST_TIMINGS["mode"] == ("driver" if mode == "driver" else "spark")
@@ -108,7 +106,7 @@ def test_spark_batches_equal_the_core_and_the_model(spark, cluster, tmp_path, mo
 
     # rerun of the last batch: nothing written
     logs = sorted(p for p in root.rglob("_delta_log/*.json"))
-    again = run_batch(spark, batches[1], root=str(root), schema=schema, batch_id="b1", batch_seq=2, now=nows[1],
+    again = run_batch(session, batches[1], root=str(root), schema=schema, batch_id="b1", batch_seq=2, now=nows[1],
                       prev_now=nows[0], cluster="c1")
     assert not again.outbox_written and not again.tables
     assert sorted(p for p in root.rglob("_delta_log/*.json")) == logs
@@ -118,7 +116,7 @@ def test_spark_batches_equal_the_core_and_the_model(spark, cluster, tmp_path, mo
     ttl_seg = _ttl_segment(tmp_path / "ttl" / "node1", schema, NOW0 + 130)
     later = NOW0 + 4000
     for i, (paths, now, prev) in enumerate([([ttl_seg], NOW0 + 140, nows[1]), ([], later, NOW0 + 140)], 2):
-        res = run_batch(spark, paths, root=str(root), schema=schema, batch_id=f"b{i}", batch_seq=i + 1,
+        res = run_batch(session, paths, root=str(root), schema=schema, batch_id=f"b{i}", batch_seq=i + 1,
                         now=now, prev_now=prev, cluster="c1")
         cells = list(read_cell_log(paths, schema, on_damage=lambda d: None))
         run_store_batch(DeltaRsStateStore(str(core)), schema, cells, batch_id=f"b{i}", batch_seq=i + 1, now=now,
@@ -184,24 +182,22 @@ def test_spark_crash_after_outbox_then_rerun(spark, cluster, tmp_path):
 
 
 def test_spark_submit(cluster, tmp_path):
-    """The job file runs under spark-submit (local master), shipping cdc_lib to its executors."""
+    """The job file runs under spark-submit (local master) as the pipeline's spark_submit mode starts it, with the
+    Delta jars and settings it passes, shipping cdc_lib to its executors."""
+    from cdc_lib.settings import PipelineConfig
+    from cdc_lib.spark.submit import run_job
     schema, _, batches = cluster
     schema_file = tmp_path / "schema.cql"
     schema_file.write_text(SAMPLE_SCHEMA_CQL)
     root = tmp_path / "submit"
-    env = dict(os.environ)
-    env.pop("PYTHONPATH", None)       # the job must not depend on the test's import path
-    env["PYSPARK_PYTHON"] = sys.executable
-    submit = shutil.which("spark-submit", path=str(Path(sys.executable).parent)) or "spark-submit"
-    cmd = [submit, "--master", "local[2]", "--conf", "spark.ui.enabled=false",
-           "--conf", "spark.cdc.driverBatchMaxBytes=0",         # the distributed path, not the driver shortcut
-           "--conf", "spark.sql.shuffle.partitions=4", str(REPO / "spark_jobs" / "merge_batch.py"),
-           "--segments", *batches[0], "--root", str(root), "--schema-file", str(schema_file),
-           "--batch-id", "b0", "--batch-seq", "1", "--now", str(NOW0 + 30), "--cluster", "c1"]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
-    out = json.loads(p.stdout.strip().splitlines()[-1])
+    config = PipelineConfig(store_url=str(root), spark_submit=True,
+                            spark_submit_bin=str(Path(sys.executable).parent / "spark-submit"),
+                            spark_conf={"spark.sql.shuffle.partitions": "4", "spark.ui.enabled": "false"})
+    out = run_job(config, ["--segments", *batches[0], "--root", str(root), "--schema-file", str(schema_file),
+                           "--batch-id", "b0", "--batch-seq", "1", "--now", str(NOW0 + 30), "--cluster", "c1"])
     assert out["events"] > 0 and out["outbox_written"]
     core = tmp_path / "core"
     _core(core, schema, [batches[0]], [NOW0 + 30])
     assert list(read_outbox(str(root), "b0")) == list(read_outbox(str(core), "b0"))
+    for t in schema.tables.values():
+        assert _sorted_state(root, t) == _sorted_state(core, t), t.name
