@@ -367,9 +367,16 @@ class PipelineConfig:
                                                # Avro single-object encoding without)
     topic_prefix: str = "cdc"
     schema_registry_url: Optional[str] = None
-    kafka_partitions: int = 1
+    kafka_partitions: int = 1                  # of the topics the pipeline creates
+    kafka_replication_factor: int = -1         # of the topics the pipeline creates; -1: the brokers' default
+    kafka_topic_config: dict = field(default_factory=dict)   # topic configs at creation (cleanup.policy=compact...)
     kafka_timeout_s: float = 30.0
     kafka_tombstones: bool = False             # a Kafka tombstone after each delete (log compaction)
+    kafka_transactions: bool = False           # each batch one Kafka transaction (atomic for read_committed readers)
+    # librdkafka client settings: security.protocol, sasl.*, ssl.*, compression.type... (the Kafka connection's
+    # extras and login/password); secret: may hold passwords
+    kafka_config: dict = field(default_factory=dict, metadata=SECRET)
+    schema_registry_config: dict = field(default_factory=dict, metadata=SECRET)   # basic.auth.user.info, ssl.*
     max_segments: int = 64                     # per batch
     max_bytes: int = 256 * MiB                 # per batch (at least one segment is always taken)
     spark_master: str = "local[2]"
@@ -388,6 +395,7 @@ class PipelineConfig:
     vacuum_retention_hours: int = 168          # Delta history the maintenance DAG keeps
     delta_lock_wait_s: float = 900.0           # how long a transform or the maintenance DAG waits for the other to
                                                # finish writing the Delta tables (storage.lock)
+    delta_lock_ttl_s: float = 60.0             # the lock's lease on S3: a holder that died frees it after this long
     app_id: str = "cassandra-cdc"
     kafka_conn_id: str = "cassandra_cdc_kafka"          # Airflow connections the DAG reads (see pipeline.airflow)
     s3_conn_id: str = "cassandra_cdc_s3"
@@ -453,8 +461,11 @@ class PipelineConfig:
             return {}
         # Delta commits are conditional PUTs (If-None-Match: two writers can never both create a version), which
         # S3 and S3-compatible stores support; said explicitly so that a library default cannot turn it off.
+        # A request gives up after s3_timeout_s; retries stop after a few of those (object_store would retry for
+        # 3 minutes): a store that stopped answering fails the step, which the next run retries whole.
         opts = {"AWS_REGION": self.s3_region, "conditional_put": "etag",
-                "timeout": f"{int(max(1, self.s3_timeout_s))}s"}
+                "timeout": f"{int(max(1, self.s3_timeout_s))}s",
+                "retry_timeout": f"{int(max(1, 3 * self.s3_timeout_s))}s"}
         if self.s3_endpoint_url:
             opts["AWS_ENDPOINT_URL"] = self.s3_endpoint_url
             if self.s3_endpoint_url.startswith("http://"):

@@ -31,7 +31,7 @@ if str(REPO_ROOT) not in sys.path:       # spark-submit runs this file as a scri
 
 from cdc_lib.settings import PipelineConfig  # noqa: E402
 from cdc_lib.spark.conf import s3_settings_from_spark  # noqa: E402
-from cdc_lib.spark.merge_job import RESULT_PREFIX, run_batch  # noqa: E402
+from cdc_lib.spark.merge_job import LAST_TIMINGS, RESULT_PREFIX, run_batch  # noqa: E402
 from cdc_lib.spark.session import ship_cdc_lib  # noqa: E402
 
 
@@ -75,7 +75,8 @@ def main(argv=None) -> int:
     else:
         res = run_batch(spark, a.segments, root=a.root, batch_id=a.batch_id, batch_seq=a.batch_seq, now=a.now,
                         prev_now=a.prev_now, **common)
-    print(RESULT_PREFIX + json.dumps(res.__dict__, sort_keys=True), flush=True)
+    # the seconds per stage ride along: the driver that submitted the job (and the benchmark) can show them
+    print(RESULT_PREFIX + json.dumps({**res.__dict__, "timings": dict(LAST_TIMINGS)}, sort_keys=True), flush=True)
     spark.stop()
     return 0
 

@@ -19,5 +19,5 @@ def corpus() -> Path:
 # tests/servers.py. Session-scoped: kafka_broker (bootstrap str), s3_server (S3Server), schema_registry (URL),
 # airflow_home (env dict for `airflow dags test`, SQLite migrated). Function-scoped: kafka_topic, s3_bucket,
 # spark_session (one shared local[2] session).
-from servers import (_spark_workdir, airflow_home, kafka_broker, kafka_topic, s3_bucket, s3_server,  # noqa: E402,F401
-                     schema_registry, spark_session)
+from servers import (_spark_workdir, airflow_home, kafka_broker, kafka_server, kafka_topic,  # noqa: E402,F401
+                     s3_bucket, s3_server, schema_registry, spark_session)

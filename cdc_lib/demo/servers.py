@@ -1,5 +1,5 @@
-"""Embedded servers for the demo and the tests, on 127.0.0.1: Apache Kafka, an S3 server (SeaweedFS) and a
-Confluent-compatible schema registry (Apicurio).
+"""Embedded servers for the demo and the tests, on 127.0.0.1: Apache Kafka, an S3 server (SeaweedFS), a
+Confluent-compatible schema registry (Apicurio) and a Spark standalone cluster.
 
 Kafka 4.x runs in KRaft mode (one process that is broker and controller) from the jars ``scripts/setup.sh`` fetches
 from Maven Central (``jvm/kafka``, found by ``demo.jvm``); Apicurio Registry 3.0 likewise (``jvm/apicurio``); ``weed``
@@ -11,6 +11,7 @@ Context managers (use directly when a test needs a private server or its PID):
     run_kafka_broker()    -> KafkaBroker     (.bootstrap "127.0.0.1:PORT", .pid, .log_path, .log_dirs, ...)
     run_s3_server()       -> S3Server        (.endpoint_url, .access_key, .secret_key, .bucket, .pid, ...)
     run_schema_registry() -> SchemaRegistry  (.url: the ccompat API root for Confluent clients, .pid, ...)
+    run_spark_cluster()   -> SparkCluster    (.master_url "spark://127.0.0.1:PORT", .pids, .worker_dirs, ...)
 The pytest fixtures built on these live in tests/servers.py; the demo (``cdc_lib.demo``) uses the context
 managers directly.
 """
@@ -37,6 +38,7 @@ from typing import Callable, Iterator, Mapping
 __all__ = [
     "ServerStartError", "ServerProcess", "KafkaBroker", "S3Server", "SchemaRegistry",
     "run_kafka_broker", "run_s3_server", "run_schema_registry", "weed_binary", "free_port", "java_binary",
+    "SparkCluster", "run_spark_cluster", "spark_cluster_env",
 ]
 
 LOOPBACK = "127.0.0.1"
@@ -555,3 +557,105 @@ def _remove_weed_sockets(ports: list[int]) -> None:
         for sock in tmp.glob(f"seaweedfs-*-{port}.sock"):
             with contextlib.suppress(OSError):
                 sock.unlink()
+
+
+# ------------------------------------------------------------------------------------ Spark standalone cluster
+
+@dataclass(frozen=True)
+class SparkCluster:
+    """A running Spark standalone cluster: one Master and its Workers, each its own JVM (``pids``: master first).
+    ``env``: the environment to give ``spark-submit`` (and a driver) for this cluster (loopback only, quiet
+    logs); ``worker_dirs``: each worker's work directory, where its executors' stdout/stderr land."""
+
+    master_url: str
+    web_url: str
+    pids: tuple
+    worker_dirs: tuple
+    env: Mapping[str, str]
+    start_seconds: float
+
+    def __str__(self) -> str:
+        return self.master_url
+
+
+def spark_cluster_env(workdir: Path) -> dict:
+    """The environment of the cluster's daemons and of the drivers submitted to it: every socket on 127.0.0.1
+    (``SPARK_LOCAL_IP``: otherwise Spark binds the first non-loopback interface), the project's quiet log4j2
+    configuration, the C1 JIT and serial GC for the short-lived JVMs (they halve a small job's CPU on 2 cores),
+    and this Python for the executors' Python workers."""
+    from cdc_lib.spark.conf import LOG4J2_CONFIG
+    import pyspark
+    quick = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+    return {**os.environ,
+            "SPARK_HOME": str(Path(pyspark.__file__).parent), "SPARK_LOCAL_IP": LOOPBACK,
+            "SPARK_LOCAL_DIRS": str(workdir / "local"), "SPARK_LOG_DIR": str(workdir / "logs"),
+            "SPARK_PID_DIR": str(workdir / "pids"), "SPARK_DAEMON_MEMORY": "256m",
+            "SPARK_DAEMON_JAVA_OPTS": f"{quick} -Dlog4j2.configurationFile={LOG4J2_CONFIG.as_uri()}",
+            # the REST submission server would take the fixed port 6066: two clusters on a machine would collide
+            "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false",
+            "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+
+
+def _alive_workers(web_url: str) -> int:
+    try:
+        with urllib.request.urlopen(f"{web_url}/json", timeout=2) as resp:
+            state = json.loads(resp.read())
+    except Exception:  # noqa: BLE001 - not up yet
+        return -1
+    return sum(1 for w in state.get("workers", []) if w.get("state") == "ALIVE")
+
+
+@contextlib.contextmanager
+def run_spark_cluster(workdir: Path | None = None, workers: int = 2, cores: int = 1, memory: str = "1g",
+                      timeout: float = 180.0) -> Iterator[SparkCluster]:
+    """Start a standalone Master and ``workers`` Workers (``cores`` and ``memory`` each) from pip's pyspark
+    (``bin/spark-class org.apache.spark.deploy.master.Master`` / ``...worker.Worker``, separate JVMs, work
+    directories under ``workdir``, outside the venv) on free 127.0.0.1 ports; ready when the master's status page
+    lists every worker ALIVE. Stopped by PID (workers first) on exit."""
+    workdir, owned = _workdir(workdir, "spark-cluster-")
+    env = spark_cluster_env(workdir)
+    spark_class = str(Path(env["SPARK_HOME"]) / "bin" / "spark-class")
+    port, web_port = free_port(), free_port()
+    master_url, web_url = f"spark://{LOOPBACK}:{port}", f"http://{LOOPBACK}:{web_port}"
+    procs: list = []
+    t0 = time.monotonic()
+
+    def start(name, argv, ready):
+        # spark-class ends in `exec java`: the PID we start is the JVM's
+        log_path = workdir / "logs" / f"{name}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     cwd=workdir, env=env, start_new_session=True)
+        proc = ServerProcess(name, popen, log_path)
+        procs.append(proc)
+        deadline = time.monotonic() + timeout
+        while not ready(proc):
+            if not proc.alive():
+                raise ServerStartError(f"{name} exited with code {popen.returncode} while starting; log "
+                                       f"{log_path}:\n{proc.log_tail()}")
+            if time.monotonic() > deadline:
+                raise ServerStartError(f"{name} (pid {proc.pid}) not ready after {timeout:.0f} s; log "
+                                       f"{log_path}:\n{proc.log_tail()}")
+            time.sleep(0.2)
+
+    worker_dirs = tuple(workdir / "work" / f"worker-{n}" for n in range(1, workers + 1))
+    try:
+        start("spark-master", [spark_class, "org.apache.spark.deploy.master.Master", "--host", LOOPBACK,
+                               "--port", str(port), "--webui-port", str(web_port)],
+              lambda p: _pid_listens_on(p.pid, port) and _alive_workers(web_url) >= 0)
+        for n, wdir in enumerate(worker_dirs, 1):
+            wdir.mkdir(parents=True, exist_ok=True)
+            start(f"spark-worker-{n}", [spark_class, "org.apache.spark.deploy.worker.Worker", master_url,
+                                        "--host", LOOPBACK, "--port", str(free_port()),
+                                        "--webui-port", str(free_port()), "--cores", str(cores),
+                                        "--memory", memory, "--work-dir", str(wdir)],
+                  lambda p, n=n: _alive_workers(web_url) >= n)
+        yield SparkCluster(master_url, web_url, tuple(p.pid for p in procs), worker_dirs,
+                           {k: v for k, v in env.items() if k.startswith(("SPARK_", "PYSPARK_"))},
+                           time.monotonic() - t0)
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+        if owned:
+            shutil.rmtree(workdir, ignore_errors=True)

@@ -50,7 +50,7 @@ def delta_upkeep(config: PipelineConfig) -> dict:
     uris += [root.rstrip("/") + sep + Layout.DELTA + sep + "state" + sep + n for n in sorted(names)]
     out = {"tables": 0, "files_added": 0, "files_removed": 0, "vacuumed": 0}
     with store_lock(store, DELTA_WRITER_LOCK, "the maintenance DAG (compact and vacuum)",
-                    wait_s=config.delta_lock_wait_s):
+                    wait_s=config.delta_lock_wait_s, ttl_s=config.delta_lock_ttl_s):
         for uri in uris:
             try:
                 dt = DeltaTable(uri, storage_options=config.delta_options() or None)

@@ -216,7 +216,7 @@ def transform(config: PipelineConfig, batch, *, fault: Fault = no_fault, spark=N
 
     counters: dict = {"segments": len(batch.segments), "bytes": sum(s["size"] for s in batch.segments)}
     with store_lock(store, DELTA_WRITER_LOCK, f"the transform of batch {batch.batch_id}",
-                    wait_s=config.delta_lock_wait_s):
+                    wait_s=config.delta_lock_wait_s, ttl_s=config.delta_lock_ttl_s):
         if batch.snapshot:
             counters.update(events=snapshot_outbox(config, root, schema, batch, hook))
         elif batch.sweep or not batch.segments:
@@ -257,7 +257,7 @@ def _run_transform(config: PipelineConfig, store: ObjectStore, root: str, schema
         res = run_job(config, ["--store-url", store.url, "--batch-id", batch.batch_id, "--schema-file",
                                str(config.schema_file), "--cluster", config.cluster, "--app-id", config.app_id])
         return {"mode": mode, "events": res.get("events", 0),
-                "state_rows_written": sum(res.get("tables", {}).values())}
+                "state_rows_written": sum(res.get("tables", {}).values()), "job_stages_s": res.get("timings", {})}
     from cdc_lib.spark.merge_job import run_batch
     counters: dict = {"mode": mode}
     session = None
@@ -282,8 +282,9 @@ def _codec(config: PipelineConfig, store):
         return None
     if config.kafka_format != "avro":
         raise ConfigError(f"kafka_format {config.kafka_format!r}: use 'json' or 'avro'")
-    from cdc_lib.sinks.kafka import AvroCodec, SchemaRegistryClient
-    registry = SchemaRegistryClient(config.schema_registry_url) if config.schema_registry_url else None
+    from cdc_lib.sinks.kafka import AvroCodec, schema_registry_client
+    registry = (schema_registry_client(config.schema_registry_url, config.schema_registry_config)
+                if config.schema_registry_url else None)
     return AvroCodec(registry, schema_store=store)
 
 
@@ -316,6 +317,13 @@ def _outbox_events(config: PipelineConfig, root: str, batch: Batch, tally: dict,
     return out
 
 
+def transactional_id(config: PipelineConfig) -> str:
+    """The Kafka transactional id of a pipeline (``kafka_transactions``): stable across its runs, so each run fences
+    the producers of runs that crashed, and its own: pipelines publishing other prefixes or clusters never fence
+    each other."""
+    return f"{config.app_id}.{config.topic_prefix}.{config.cluster}"
+
+
 def publish(config: PipelineConfig, batch, *, fault: Fault = no_fault) -> Batch:
     """Publish the batch's outbox to Kafka exactly once (``sinks.kafka.KafkaPublisher``)."""
     from cdc_lib.sinks.kafka import KafkaPublisher
@@ -334,7 +342,11 @@ def publish(config: PipelineConfig, batch, *, fault: Fault = no_fault) -> Batch:
     tally: dict = {"by_op": {}, "by_table": {}}
     events = _outbox_events(config, delta_root(config, store), batch, tally, codec)
     publisher = KafkaPublisher(config.kafka_bootstrap, store, ledger_prefix=Layout.LEDGER,
-                               num_partitions=config.kafka_partitions, timeout_s=config.kafka_timeout_s,
+                               num_partitions=config.kafka_partitions,
+                               replication_factor=config.kafka_replication_factor,
+                               topic_config=config.kafka_topic_config, client_config=config.kafka_config,
+                               transactional_id=transactional_id(config) if config.kafka_transactions else None,
+                               timeout_s=config.kafka_timeout_s,
                                fault=lambda point, **info: fault(f"publish:{point}"))
     res = publisher.publish_batch(batch.batch_id, events)
     counters = {"events": res.events, "produced": res.produced, "already_in_kafka": res.already_in_kafka,

@@ -60,6 +60,11 @@ def spark_session(config):
         else:
             _SPARK = _start_session(config.spark_master, "cdc-merge-batch", props)
             ship_cdc_lib(_SPARK)
+    # A session started for another store (one JVM per process) reads and writes this one's: its Hadoop settings
+    # are set at run time (not on any command line), and Delta and the executors' writes take them from there.
+    hadoop = _SPARK.sparkContext._jsc.hadoopConfiguration()
+    for key, value in s3a_properties(config).items():
+        hadoop.set(key[len("spark.hadoop."):], value)
     return _SPARK
 
 

@@ -125,16 +125,20 @@ def _memory_lock(store, name, me, *, ttl_s, wait_s, poll_s):
 class _S3Lease:
     """The lease object of one lock on S3 (see the module docstring)."""
 
-    def __init__(self, store, name: str):
+    def __init__(self, store, name: str, timeout_s: float):
         self.fs = store.fs
         self.path = store._path(Layout.checkpoint(name))
         self.bucket, self.key = self.path.split("/", 1)
+        # Every call gives up after timeout_s (fsspec's own deadline, TimeoutError): a PUT to a server that stopped
+        # answering waited for ever in a test (SIGSTOP), its read timeout notwithstanding, and the holder must be
+        # able to give the lock up, and a waiter to fail, while the store is unwell.
+        self.timeout_s = timeout_s
 
     def create(self, body: dict) -> str | None:
         """Write the lease if there is none: its ETag, or None when one exists."""
         try:
             out = self.fs.call_s3("put_object", Bucket=self.bucket, Key=self.key, Body=json.dumps(body).encode(),
-                                  IfNoneMatch="*")
+                                  IfNoneMatch="*", timeout=self.timeout_s)
         except (FileExistsError, OSError) as e:
             if _precondition_failed(e):
                 return None
@@ -145,7 +149,7 @@ class _S3Lease:
         """Overwrite the lease if it is still the version ``etag``: the new ETag, or None when it changed."""
         try:
             out = self.fs.call_s3("put_object", Bucket=self.bucket, Key=self.key, Body=json.dumps(body).encode(),
-                                  IfMatch=etag)
+                                  IfMatch=etag, timeout=self.timeout_s)
         except (FileNotFoundError, FileExistsError, OSError) as e:
             if isinstance(e, FileNotFoundError) or _precondition_failed(e):
                 return None
@@ -163,7 +167,7 @@ class _S3Lease:
             finally:
                 resp["Body"].close()
         try:
-            body, etag = sync(self.fs.loop, get)
+            body, etag = sync(self.fs.loop, get, timeout=self.timeout_s)
         except FileNotFoundError:
             return None
         try:
@@ -173,7 +177,7 @@ class _S3Lease:
 
     def delete(self) -> None:
         with contextlib.suppress(FileNotFoundError):
-            self.fs.call_s3("delete_object", Bucket=self.bucket, Key=self.key)
+            self.fs.call_s3("delete_object", Bucket=self.bucket, Key=self.key, timeout=self.timeout_s)
 
 
 def _precondition_failed(e: Exception) -> bool:
@@ -184,7 +188,7 @@ def _precondition_failed(e: Exception) -> bool:
 
 @contextlib.contextmanager
 def _s3_lease(store, name, me, *, ttl_s, wait_s, poll_s):
-    lease = _S3Lease(store, name)
+    lease = _S3Lease(store, name, timeout_s=ttl_s / 3)     # a renewal slower than that would be too late anyway
     deadline = time.monotonic() + wait_s
     while True:
         etag = lease.create({**me, "expires": time.time() + ttl_s})
@@ -228,9 +232,12 @@ def _s3_lease(store, name, me, *, ttl_s, wait_s, poll_s):
         stop.set()
         thread.join()
         if state["lost"] is None:
-            current = lease.read()
-            if current is not None and current[1] == state["etag"]:
-                lease.delete()
+            try:
+                current = lease.read()
+                if current is not None and current[1] == state["etag"]:
+                    lease.delete()
+            except Exception as e:  # noqa: BLE001 - the store is unwell: the lease expires after ttl_s anyway
+                log.warning("lock %s: could not release the lease (%s); it expires within %.0f s", name, e, ttl_s)
     if state["lost"] is not None:
         raise StoreLockLost(f"lock {name}: the lease was taken over by {state['lost']} while {me['owner']} held it "
                             f"(it was not renewed for {ttl_s:.0f} s); what ran under it may have overlapped")
