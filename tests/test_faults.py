@@ -1,27 +1,33 @@
-"""Crashes, outages and bad input against the real broker (Tansu) and the real S3 server (SeaweedFS).
+"""Crashes, outages and bad input against Apache Kafka and the S3 server (SeaweedFS), on the local path (batches
+in the pipeline's own process, Delta written by delta-rs); the Spark cluster path has its own in test_cluster.py.
 
-Exactly once: the pipeline is killed between and inside claim / transform / publish / archive (an exception
-from the fault hook, and ``os._exit`` in a subprocess in the middle of producing), rerun, and then the topics
-hold every event of the outbox once, in outbox order, and no segment was ever archived before its batch was
-published. Outages: the broker stopped, the S3 server frozen (SIGSTOP): the run fails, nothing is archived,
-the retry succeeds. Bad input: a damaged segment and an unknown table are quarantined with reasons while the
-rest of the batch is published, and the counters say so.
+Exactly once: the pipeline process is killed (``os._exit``: no flush, no cleanup, no exception handler) at every
+fault point of every step, publisher points included, one crash after the other across several batches, and
+rerun; then each event is in Kafka once, in the outbox's order, and replaying the topics gives exactly the
+table the independent reference model computes from the workload. No segment is ever archived before its batch
+is published. Outages: the broker killed in the middle of producing and started again on its data, the S3 server
+frozen (SIGSTOP) in the middle of a Delta commit: the run fails, nothing is archived or duplicated, the retry
+completes. Bad input: a damaged segment and an unknown table are quarantined with reasons while the rest of the
+batch is published, and the counters say so.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from servers import run_kafka_broker, run_s3_server
+
+from reference_model import json_table
+from reference_model import visible_table as model_table
 
 from cdc_lib import pipeline as P
 from cdc_lib.agent.shipper import Agent
@@ -32,18 +38,6 @@ from cdc_lib.storage.layout import Layout
 
 REPO = Path(__file__).resolve().parents[1]
 NOW = START_US // 1_000_000 + 3600
-
-
-class Crash(Exception):
-    """The simulated death of the pipeline process."""
-
-
-@pytest.fixture(scope="module")
-def spark():
-    from cdc_lib.spark.session import local_session
-    s = local_session()
-    yield s
-    s.stop()
 
 
 def _config(tmp_path, s3, bootstrap, bucket, **kw) -> P.PipelineConfig:
@@ -74,7 +68,8 @@ def _consume(bootstrap: str, prefix: str) -> dict:
                     if t.startswith(prefix + "."))
     out = {}
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{uuid.uuid4().hex}",
-                  "enable.auto.commit": False, "enable.partition.eof": True, "fetch.wait.max.ms": 10})
+                  "enable.auto.commit": False, "enable.partition.eof": True, "fetch.wait.max.ms": 10,
+                  "isolation.level": "read_committed"})
     try:
         for topic in topics:
             c.assign([TopicPartition(topic, 0, 0)])
@@ -128,138 +123,169 @@ def _assert_exactly_once_in_order(cfg: P.PipelineConfig) -> int:
 
 @pytest.fixture(scope="module")
 def segments(tmp_path_factory):
-    """Three replicas' segments (RF 3), a few per node so the pipeline needs several batches."""
+    """Three replicas' segments (RF 3), a few per node so the pipeline needs several batches; and what was
+    written (``cw.mutations``, the reference model's input)."""
     d = tmp_path_factory.mktemp("raw")
     cw = write_cluster_segments(d, sample_schema(), 240, seed=11, segment_size=16 * 1024)
     assert all(len(v) >= 3 for v in cw.segments.values())
-    return d
+    return d, cw
 
 
-def _fresh_raw(segments: Path, tmp_path: Path) -> Path:
+def _fresh_raw(segments, tmp_path: Path) -> Path:
     """A private copy of the generated cdc_raw dirs (the agent deletes what it shipped)."""
     import shutil
     raw = tmp_path / "raw"
-    shutil.copytree(segments, raw)
+    shutil.copytree(segments[0], raw)
     return raw
+
+
+def _assert_topics_replay_to_the_model(cfg: P.PipelineConfig, mutations) -> None:
+    """Each table's topic, replayed in order (the latest ``after`` per key), is the table the reference model says
+    Cassandra shows at the batches' processing time."""
+    from cdc_lib.sinks.kafka import table_topic
+    got = _consume(cfg.kafka_bootstrap, cfg.topic_prefix)
+    for t in sample_schema().tables.values():
+        if t.keyspace.startswith("system"):
+            continue
+        replayed: dict = {}
+        for _, key, value in got.get(table_topic(cfg.topic_prefix, t.keyspace, t.name), []):
+            after = json.loads(value)["after"]
+            if after is None:
+                replayed.pop(key.decode(), None)
+            else:
+                replayed[key.decode()] = after
+        assert replayed == json_table(t, model_table(t, mutations, cfg.now)), t.name
 
 
 # ------------------------------------------------------------------------------------------------ crashes
 
-CRASH_PLAN = [
+# Every fault point of every step (cdc_lib.pipeline.FAULT_POINTS, the publisher's points as publish:<point>), in
+# the order a batch passes them, each with the how-manieth time it is reached (counted from the run's start).
+KILL_PLAN = [
     ("claim:manifest_written", 1), ("claim:pointer_written", 1),
-    ("transform:outbox", 1),            # inside the Spark step: outbox committed, state tables not
-    ("transform:state", 1),             # inside: one state table committed
+    ("transform:before", 1), ("transform:outbox", 1),      # the outbox committed, no state table yet
+    ("transform:state", 2),                                # two state tables committed, the others not
     ("transform:done", 1),
-    ("publish:intent_written", 1), ("publish:produced", 7),   # inside: 7 events produced, not flushed
-    ("publish:flushed", 1), ("publish:ledger_written", 1), ("publish:done", 1),
-    ("archive:segment", 1),             # inside: one segment moved
+    ("publish:before", 1), ("publish:intent_written", 1), ("publish:scanned", 1),
+    ("publish:produced", 7),                               # 7 events handed to the producer, none flushed
+    ("publish:delivered", 3),                              # 3 acknowledged, the rest in flight
+    ("publish:before_flush", 1), ("publish:flushed", 1), ("publish:verified", 1), ("publish:ledger_written", 1),
+    ("publish:done", 1),
+    ("archive:before", 1), ("archive:segment", 1),         # one segment moved, the others not
     ("archive:done", 1),
-    ("claim:manifest_written", 1),      # the next batch dies early too
-    ("publish:produced", 3),
+    ("claim:manifest_written", 1), ("publish:produced", 3),   # the next batch dies early, then mid-produce
 ]
-
-
-def test_crash_anywhere_then_rerun_publishes_each_event_once_in_order(spark, segments, tmp_path, s3_server,
-                                                                     s3_bucket, kafka_broker):
-    cfg = _config(tmp_path, s3_server, kafka_broker, s3_bucket, max_segments=3)
-    assert _ship(_fresh_raw(segments, tmp_path), cfg, tmp_path / "agent") >= 6
-    plan = list(CRASH_PLAN)
-    seen: dict = {}
-    crashes = []
-
-    def fault(point: str) -> None:
-        seen[point] = seen.get(point, 0) + 1
-        if plan and plan[0][0] == point and seen[point] >= plan[0][1]:
-            crashes.append(plan.pop(0))
-            seen.clear()
-            raise Crash(point)
-
-    for _ in range(60):
-        try:
-            batch = P.run_once(cfg, fault=fault, spark=spark)
-        except Crash:
-            _assert_nothing_archived_unpublished(cfg)
-            continue
-        if batch.empty:
-            break
-    assert not plan, f"crash points never reached: {plan}"
-    assert len(crashes) == len(CRASH_PLAN)
-    store = P.open_store(cfg)
-    assert store.list(Layout.area_prefix(Layout.INCOMING, cfg.cluster)) == []
-    _assert_nothing_archived_unpublished(cfg)
-    events = _assert_exactly_once_in_order(cfg)
-    assert events > 100
-    metrics = P.read_metrics(cfg)
-    assert metrics["totals"]["publish.events"] >= events
-    assert metrics["totals"]["claim.resumed"] >= 5          # the crashed batches were resumed, not re-claimed
-
 
 KILL_SCRIPT = """
 import json, os, sys
 sys.path.insert(0, {repo!r})
 from cdc_lib import pipeline as P
 cfg = P.PipelineConfig(**json.loads(sys.argv[1]))
-batch = json.loads(sys.argv[2])
-n = [0]
-def fault(point):
-    if point == "publish:produced":
-        n[0] += 1
-        if n[0] == int(sys.argv[3]):
-            os._exit(9)          # no flush, no cleanup: the process just dies
-P.publish(cfg, batch, fault=fault)
+point, nth = sys.argv[2], int(sys.argv[3])
+seen = {{}}
+def fault(p):
+    seen[p] = seen.get(p, 0) + 1
+    if p == point and seen[p] == nth:
+        os._exit(9)          # the process dies here: no flush, no cleanup, no exception handler
+while not P.run_once(cfg, fault=fault).empty:
+    pass
 """
 
 
-def test_process_killed_while_producing_then_rerun(spark, segments, tmp_path, s3_server, s3_bucket, kafka_broker):
-    cfg = _config(tmp_path, s3_server, kafka_broker, s3_bucket, max_segments=100)   # one batch
-    _ship(_fresh_raw(segments, tmp_path), cfg, tmp_path / "agent")
-    batch = P.transform(cfg, P.claim(cfg), spark=spark)
-    assert batch.steps["transform"]["events"] > 20
-    cfg_json = json.dumps({**dataclasses.asdict(cfg)})
-    proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT.format(repo=str(REPO)), cfg_json,
-                           json.dumps(batch.to_dict()), "15"], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 9, proc.stderr[-2000:]
+@pytest.mark.parametrize("transactions", [False, True], ids=["idempotent", "transactions"])
+def test_pipeline_killed_at_every_fault_point_then_rerun_publishes_each_event_once(segments, tmp_path, s3_server,
+                                                                                  s3_bucket, kafka_broker,
+                                                                                  transactions):
+    """With Kafka transactions, the check reads as read_committed (librdkafka's default): a killed run's open
+    transaction is aborted by the rerun's producer (same transactional id) and never seen."""
+    assert {p.split(":")[0] for p, _ in KILL_PLAN} == {p.split(":")[0] for p in P.FAULT_POINTS}
+    cfg = _config(tmp_path, s3_server, kafka_broker, s3_bucket, max_segments=3, kafka_transactions=transactions)
+    assert _ship(_fresh_raw(segments, tmp_path), cfg, tmp_path / "agent") >= 6
+    cfg_json = json.dumps(dataclasses.asdict(cfg))
+    for point, nth in KILL_PLAN:
+        proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT.format(repo=str(REPO)), cfg_json, point, str(nth)],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 9, f"{point} #{nth} never reached (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
+        _assert_nothing_archived_unpublished(cfg)
+    done = P.run_until_idle(cfg)                       # the rerun: resumes the crashed batch, then the rest
+    assert done
     store = P.open_store(cfg)
-    assert not store.exists(Layout.ledger(batch.batch_id))
-    with pytest.raises(P.PipelineError):
-        P.archive(cfg, batch)                       # refuses: not published
-    assert store.list(Layout.area_prefix(Layout.ARCHIVED, cfg.cluster)) == []
-    done = P.run_until_idle(cfg, spark=spark)       # resumes the batch, then the rest
-    assert done[0].batch_id == batch.batch_id
-    assert P.read_metrics(cfg)["totals"]["claim.resumed"] == 1
-    _assert_exactly_once_in_order(cfg)
+    assert store.list(Layout.area_prefix(Layout.INCOMING, cfg.cluster)) == []
+    _assert_nothing_archived_unpublished(cfg)
+    events = _assert_exactly_once_in_order(cfg)
+    assert events > 100
+    _assert_topics_replay_to_the_model(cfg, segments[1].mutations)
+    metrics = P.read_metrics(cfg)
+    assert metrics["totals"]["claim.resumed"] >= 5          # the crashed batches were resumed, not re-claimed
 
 
 # ------------------------------------------------------------------------------------------------ outages
 
-def test_broker_down_publish_fails_nothing_archived_then_retry(spark, segments, tmp_path, s3_server, s3_bucket):
-    with contextlib.ExitStack() as stack:
-        broker = stack.enter_context(run_kafka_broker(tmp_path / "k1"))
+def test_broker_killed_mid_publish_run_fails_nothing_archived_then_retry_on_its_data(segments, tmp_path, s3_server,
+                                                                                    s3_bucket):
+    with run_kafka_broker(tmp_path / "kafka") as broker:
         cfg = _config(tmp_path, s3_server, broker.bootstrap, s3_bucket, max_segments=100, kafka_timeout_s=5)
         _ship(_fresh_raw(segments, tmp_path), cfg, tmp_path / "agent")
-        batch = P.transform(cfg, P.claim(cfg), spark=spark)
-        stack.close()                                # the broker goes away (stopped by PID)
-    with pytest.raises(Exception) as err:
-        P.publish(cfg, batch)
-    assert "archived" not in str(err.value)
+        batch = P.transform(cfg, P.claim(cfg))
+        assert batch.steps["transform"]["events"] > 40
+        produced = [0]
+
+        def fault(point):
+            if point == "publish:produced":
+                produced[0] += 1
+                if produced[0] == 20:
+                    os.kill(broker.pid, signal.SIGKILL)     # the broker dies with 20 events on their way
+        with pytest.raises(Exception) as err:
+            P.publish(cfg, batch, fault=fault)
+    assert "not acknowledged" in str(err.value) or "delivery failed" in str(err.value), err.value
     store = P.open_store(cfg)
     assert store.list(Layout.area_prefix(Layout.ARCHIVED, cfg.cluster)) == []
     assert P.read_batch(store, batch.batch_id).state == "transformed"
     with pytest.raises(P.PipelineError):
         P.archive(cfg, batch)
-    with run_kafka_broker(tmp_path / "k2") as broker2:   # the broker is back (new address: a new connection)
-        cfg.kafka_bootstrap = broker2.bootstrap
-        first = P.run_once(cfg, spark=spark)
+    with run_kafka_broker(tmp_path / "kafka") as again:  # the same broker back, with what it had acknowledged
+        assert again.bootstrap == cfg.kafka_bootstrap
+        first = P.run_once(cfg)
         assert first.batch_id == batch.batch_id and first.state == "archived"
-        P.run_until_idle(cfg, spark=spark)
+        P.run_until_idle(cfg)
         _assert_exactly_once_in_order(cfg)
+        _assert_topics_replay_to_the_model(cfg, segments[1].mutations)
 
 
-def test_s3_down_run_fails_nothing_archived_then_retry(spark, segments, tmp_path, kafka_broker):
+def test_s3_frozen_mid_commit_run_fails_nothing_lost_then_retry(segments, tmp_path, kafka_broker):
+    with run_s3_server(tmp_path / "weed", bucket="cdc") as s3:
+        # a short lease: the frozen transform cannot release the Delta writer lock, the retry takes it over
+        cfg = _config(tmp_path, s3, kafka_broker, "cdc", max_segments=100, s3_timeout_s=2, delta_lock_ttl_s=3)
+        _ship(_fresh_raw(segments, tmp_path), cfg, tmp_path / "agent")
+        frozen = threading.Event()
+
+        def fault(point):
+            if point == "transform:outbox":        # the state tables' MERGEs start now: freeze in the middle
+                threading.Timer(0.05, lambda: (os.kill(s3.pid, signal.SIGSTOP), frozen.set())).start()
+        try:
+            with pytest.raises(Exception):
+                P.transform(cfg, P.claim(cfg), fault=fault)
+            assert frozen.is_set()
+        finally:
+            os.kill(s3.pid, signal.SIGCONT)
+        store = P.open_store(cfg)
+        [key] = store.list("ledger/batches/")
+        batch = P.Batch.from_dict(store.get_json(key))
+        assert batch.state == "claimed" and not store.exists(Layout.ledger(batch.batch_id))
+        assert store.list(Layout.area_prefix(Layout.ARCHIVED, cfg.cluster)) == []
+        again = P.run_once(cfg)                      # the retry finishes the batch (the outbox is not rewritten)
+        assert again.batch_id == batch.batch_id and again.state == "archived"
+        P.run_until_idle(cfg)
+        _assert_exactly_once_in_order(cfg)
+        _assert_topics_replay_to_the_model(cfg, segments[1].mutations)
+        assert store.list(Layout.area_prefix(Layout.INCOMING, cfg.cluster)) == []
+
+
+def test_s3_down_archive_and_claim_fail_nothing_archived_then_retry(segments, tmp_path, kafka_broker):
     with run_s3_server(tmp_path / "weed", bucket="cdc") as s3:
         cfg = _config(tmp_path, s3, kafka_broker, "cdc", max_segments=100, s3_timeout_s=2)
         _ship(_fresh_raw(segments, tmp_path), cfg, tmp_path / "agent")
-        batch = P.publish(cfg, P.transform(cfg, P.claim(cfg), spark=spark))
+        batch = P.publish(cfg, P.transform(cfg, P.claim(cfg)))
         P.open_store(cfg).fs.retries = 1             # s3fs's own retries (5) would only make the test slow
         os.kill(s3.pid, signal.SIGSTOP)              # the store stops answering
         try:
@@ -272,16 +298,16 @@ def test_s3_down_run_fails_nothing_archived_then_retry(spark, segments, tmp_path
         store = P.open_store(cfg)
         assert store.list(Layout.area_prefix(Layout.ARCHIVED, cfg.cluster)) == []
         assert P.read_batch(store, batch.batch_id).state == "published"
-        again = P.run_once(cfg, spark=spark)         # the retry finishes the batch
+        again = P.run_once(cfg)                      # the retry finishes the batch
         assert again.batch_id == batch.batch_id and again.state == "archived"
-        P.run_until_idle(cfg, spark=spark)
+        P.run_until_idle(cfg)
         _assert_exactly_once_in_order(cfg)
         assert store.list(Layout.area_prefix(Layout.INCOMING, cfg.cluster)) == []
 
 
 # ------------------------------------------------------------------------------------------------ bad input
 
-def test_damaged_segment_and_unknown_table_are_quarantined_rest_published(spark, tmp_path, s3_server, s3_bucket,
+def test_damaged_segment_and_unknown_table_are_quarantined_rest_published(tmp_path, s3_server, s3_bucket,
                                                                          kafka_broker):
     schema = sample_schema()
     raw = tmp_path / "raw"
@@ -303,7 +329,7 @@ def test_damaged_segment_and_unknown_table_are_quarantined_rest_published(spark,
     (tmp_path / "schema.cql").write_text(cql[:start] + cql[end:])
     cfg = _config(tmp_path, s3_server, kafka_broker, s3_bucket, max_segments=100)
     assert _ship(raw, cfg, tmp_path / "agent") >= 4
-    batch = P.run_once(cfg, spark=spark)
+    batch = P.run_once(cfg)
     t = batch.steps["transform"]
     assert t["damaged"] >= 1 and t["damaged_segments"] == 1
     assert t["unknown_table_entries"] > 0

@@ -1,31 +1,29 @@
-"""The Spark step on real replica segments: same outbox and state as the Spark-free core, damage quarantined,
-reruns change nothing, and the job runs under spark-submit too."""
+"""The Spark step on real replica segments: the same outbox and state as the Spark-free core (in this process with
+delta-rs, and on Spark tasks with delta-spark), damage quarantined, reruns change nothing, and the job runs under
+spark-submit too."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from reference_model import visible_table as model_table
+from servers import get_local_spark_session
 
 from cdc_lib.celllog.reader import read_cell_log
 from cdc_lib.celllog.schema import decode_clustering
 from cdc_lib.demo.workload import SAMPLE_SCHEMA_CQL, START_US, sample_schema, write_cluster_segments
 from cdc_lib.sinks.delta import DeltaRsStateStore, read_outbox, read_state, run_store_batch, visible_table
 from cdc_lib.spark.merge_job import run_batch
-from cdc_lib.spark.session import local_session
 
 REPO = Path(__file__).resolve().parents[1]
 NOW0 = START_US // 1_000_000
 
 
 @pytest.fixture(scope="module")
-def spark():
-    s = local_session()
+def spark(tmp_path_factory):
+    s = get_local_spark_session(tmp_path_factory.mktemp("spark"))
     yield s
     s.stop()
 
@@ -71,16 +69,16 @@ def _sorted_state(root, t):
 
 @pytest.mark.parametrize("mode", ["driver", "tasks"])
 def test_spark_batches_equal_the_core_and_the_model(spark, cluster, tmp_path, mode):
-    """Both paths of the job: small local batches in the driver process, and Spark tasks (forced here by
-    turning the driver shortcut off), give the same outbox and state as the core and the model."""
+    """Both paths of the job: a batch in this process without Spark (delta-rs writes), and on Spark tasks
+    (delta-spark writes), give the same outbox and state as the core and the model."""
     from cdc_lib.spark import merge_job as mb
-    spark.conf.set(mb.DRIVER_BATCH_CONF, str(mb.DRIVER_BATCH_MAX_BYTES if mode == "driver" else 0))
+    session = spark if mode == "tasks" else None
     schema, cw, batches = cluster
     nows = [NOW0 + 30, NOW0 + 120]
     root = tmp_path / "spark"
     results = []
     for i, paths in enumerate(batches):
-        results.append(run_batch(spark, paths, root=str(root), schema=schema, batch_id=f"b{i}", batch_seq=i + 1,
+        results.append(run_batch(session, paths, root=str(root), schema=schema, batch_id=f"b{i}", batch_seq=i + 1,
                                  now=nows[i], prev_now=nows[i - 1] if i else None, cluster="c1"))
     assert results[0].events > 0 and results[0].outbox_written and results[0].tables
     assert mb.LAST_TIMINGS["mode"] == ("driver" if mode == "driver" else "spark")
@@ -106,7 +104,7 @@ def test_spark_batches_equal_the_core_and_the_model(spark, cluster, tmp_path, mo
 
     # rerun of the last batch: nothing written
     logs = sorted(p for p in root.rglob("_delta_log/*.json"))
-    again = run_batch(spark, batches[1], root=str(root), schema=schema, batch_id="b1", batch_seq=2, now=nows[1],
+    again = run_batch(session, batches[1], root=str(root), schema=schema, batch_id="b1", batch_seq=2, now=nows[1],
                       prev_now=nows[0], cluster="c1")
     assert not again.outbox_written and not again.tables
     assert sorted(p for p in root.rglob("_delta_log/*.json")) == logs
@@ -116,7 +114,7 @@ def test_spark_batches_equal_the_core_and_the_model(spark, cluster, tmp_path, mo
     ttl_seg = _ttl_segment(tmp_path / "ttl" / "node1", schema, NOW0 + 130)
     later = NOW0 + 4000
     for i, (paths, now, prev) in enumerate([([ttl_seg], NOW0 + 140, nows[1]), ([], later, NOW0 + 140)], 2):
-        res = run_batch(spark, paths, root=str(root), schema=schema, batch_id=f"b{i}", batch_seq=i + 1,
+        res = run_batch(session, paths, root=str(root), schema=schema, batch_id=f"b{i}", batch_seq=i + 1,
                         now=now, prev_now=prev, cluster="c1")
         cells = list(read_cell_log(paths, schema, on_damage=lambda d: None))
         run_store_batch(DeltaRsStateStore(str(core)), schema, cells, batch_id=f"b{i}", batch_seq=i + 1, now=now,
@@ -182,24 +180,130 @@ def test_spark_crash_after_outbox_then_rerun(spark, cluster, tmp_path):
 
 
 def test_spark_submit(cluster, tmp_path):
-    """The job file runs under spark-submit (local master), shipping cdc_lib to its executors."""
+    """The job file runs under spark-submit (local master) as the pipeline's spark_submit mode starts it, with the
+    Delta jars and settings it passes, shipping cdc_lib to its executors."""
+    from cdc_lib.settings import PipelineConfig
+    from cdc_lib.spark.submit import run_job
     schema, _, batches = cluster
     schema_file = tmp_path / "schema.cql"
     schema_file.write_text(SAMPLE_SCHEMA_CQL)
     root = tmp_path / "submit"
-    env = dict(os.environ)
-    env.pop("PYTHONPATH", None)       # the job must not depend on the test's import path
-    env["PYSPARK_PYTHON"] = sys.executable
-    submit = shutil.which("spark-submit", path=str(Path(sys.executable).parent)) or "spark-submit"
-    cmd = [submit, "--master", "local[2]", "--conf", "spark.ui.enabled=false",
-           "--conf", "spark.cdc.driverBatchMaxBytes=0",         # the distributed path, not the driver shortcut
-           "--conf", "spark.sql.shuffle.partitions=4", str(REPO / "spark_jobs" / "merge_batch.py"),
-           "--segments", *batches[0], "--root", str(root), "--schema-file", str(schema_file),
-           "--batch-id", "b0", "--batch-seq", "1", "--now", str(NOW0 + 30), "--cluster", "c1"]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
-    out = json.loads(p.stdout.strip().splitlines()[-1])
+    config = PipelineConfig(store_url=str(root), spark_submit=True,
+                            spark_submit_bin=str(Path(sys.executable).parent / "spark-submit"),
+                            spark_conf={"spark.sql.shuffle.partitions": "4", "spark.ui.enabled": "false"})
+    out = run_job(config, ["--segments", *batches[0], "--root", str(root), "--schema-file", str(schema_file),
+                           "--batch-id", "b0", "--batch-seq", "1", "--now", str(NOW0 + 30), "--cluster", "c1"])
     assert out["events"] > 0 and out["outbox_written"]
     core = tmp_path / "core"
     _core(core, schema, [batches[0]], [NOW0 + 30])
     assert list(read_outbox(str(root), "b0")) == list(read_outbox(str(core), "b0"))
+    for t in schema.tables.values():
+        assert _sorted_state(root, t) == _sorted_state(core, t), t.name
+
+
+# ------------------------------------------------------------------- both stores, every engine reading them
+
+def _rows_by_engine(spark, uri: str, order: list) -> dict:
+    """The rows of the Delta table at ``uri`` as each engine reads it: delta-rs, Spark (delta-spark), Polars and
+    DuckDB (over delta-rs's dataset), each sorted by ``order``, as lists of dicts."""
+    import duckdb
+    import polars as pl
+    from deltalake import DeltaTable
+
+    def ordered(rows):
+        return sorted(rows, key=lambda r: tuple(repr(r[c]) for c in order))
+    dataset = DeltaTable(uri).to_pyarrow_dataset()        # noqa: F841 - the relation DuckDB's SQL names
+    duck = duckdb.sql("SELECT * FROM dataset").arrow()
+    duck = duck.read_all() if hasattr(duck, "read_all") else duck
+    return {
+        "delta-rs": ordered(DeltaTable(uri).to_pyarrow_table().to_pylist()),
+        "spark": ordered(r.asDict(recursive=True) for r in spark.read.format("delta").load(uri).collect()),
+        "polars": ordered(pl.read_delta(uri).to_dicts()),
+        "duckdb": ordered(duck.to_pylist()),
+    }
+
+
+def test_both_stores_write_the_same_tables_and_every_engine_reads_them_alike(spark, cluster, tmp_path):
+    """The same batches through delta-spark (MERGE INTO in Spark tasks) and through delta-rs (in this process):
+    each state table and the outbox hold the same rows, at the same Delta protocol, with the same app transaction,
+    whichever engine reads them back."""
+    from deltalake import DeltaTable
+
+    from cdc_lib.sinks.delta import events_table_uri, state_table_uri
+    schema, _, batches = cluster
+    nows = [NOW0 + 30, NOW0 + 120]
+    by_spark, by_rs = tmp_path / "delta-spark", tmp_path / "delta-rs"
+    for i, paths in enumerate(batches):
+        run_batch(spark, paths, root=str(by_spark), schema=schema, batch_id=f"b{i}", batch_seq=i + 1, now=nows[i],
+                  prev_now=nows[i - 1] if i else None, cluster="c1")
+    _core(by_rs, schema, batches, nows)
+
+    state_order = ["_cdc_token", "_cdc_partition_key", "_cdc_row_kind", "_cdc_clustering"]
+    uris = [(events_table_uri(str(by_spark)), events_table_uri(str(by_rs)), ["batch_id", "seq"])]
+    uris += [(state_table_uri(str(by_spark), t.keyspace, t.name), state_table_uri(str(by_rs), t.keyspace, t.name),
+              state_order) for t in schema.tables.values()]
+    for a, b, order in uris:
+        read_a, read_b = _rows_by_engine(spark, a, order), _rows_by_engine(spark, b, order)
+        assert read_a["delta-rs"], a
+        for engine in read_a:
+            assert read_a[engine] == read_b[engine], f"{engine} reads {a} and {b} differently"
+            assert len(read_a[engine]) == len(read_a["delta-rs"]), engine
+        ta, tb = DeltaTable(a), DeltaTable(b)
+        assert (ta.protocol().min_reader_version, ta.protocol().min_writer_version) == \
+               (tb.protocol().min_reader_version, tb.protocol().min_writer_version), a
+        assert ta.transaction_version("cassandra-cdc") == tb.transaction_version("cassandra-cdc") == 2, a
+
+
+# ------------------------------------------------------------------------------ the Spark step killed for real
+
+KILL_SPARK_SCRIPT = """
+import os, sys
+sys.path[:0] = [{repo!r}, {tests!r}]
+from pathlib import Path
+from servers import get_local_spark_session
+from cdc_lib.demo.workload import sample_schema
+from cdc_lib.spark.merge_job import run_batch
+committed = []
+def hook(kind, name):
+    committed.append(name)
+    if kind == "state" and len(committed) == 3:      # the outbox and two state tables committed
+        os._exit(9)                                  # the driver dies: no cleanup, no exception handler
+run_batch(get_local_spark_session(Path(sys.argv[1])), sys.argv[3:], root=sys.argv[2], schema=sample_schema(),
+          batch_id="b0", batch_seq=1, now=int({now}), cluster="c1", fail_hook=hook)
+"""
+
+
+def test_spark_driver_killed_between_commits_then_rerun_only_finishes_the_batch(spark, cluster, tmp_path):
+    """A Spark driver killed after some Delta commits of a batch: the rerun skips what is committed (the tables'
+    app transaction says so: no new Delta version), writes the rest, and the tables equal an uninterrupted run."""
+    import subprocess
+
+    from deltalake import DeltaTable
+
+    from cdc_lib.sinks.delta import events_table_uri, state_table_uri
+    schema, _, batches = cluster
+    root = tmp_path / "r"
+    proc = subprocess.run([sys.executable, "-c", KILL_SPARK_SCRIPT.format(repo=str(REPO), tests=str(REPO / "tests"),
+                                                                          now=NOW0 + 30),
+                           str(tmp_path / "spark-killed"), str(root), *batches[0]],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 9, proc.stderr[-3000:]
+    tables = list(schema.tables.values())
+    uris = {t.qualified_name: state_table_uri(str(root), t.keyspace, t.name) for t in tables}
+    before = {name: DeltaTable(uri).version() for name, uri in uris.items() if (Path(uri) / "_delta_log").exists()}
+    committed = {n for n in before if DeltaTable(uris[n]).transaction_version("cassandra-cdc") == 1}
+    assert len(committed) == 2 and len(tables) > 2
+    outbox = list(read_outbox(str(root), "b0"))
+    outbox_version = DeltaTable(events_table_uri(str(root))).version()
+
+    res = run_batch(spark, batches[0], root=str(root), schema=schema, batch_id="b0", batch_seq=1, now=NOW0 + 30,
+                    cluster="c1")
+    assert not res.outbox_written and sorted(res.skipped_tables) == sorted(committed)
+    assert DeltaTable(events_table_uri(str(root))).version() == outbox_version
+    assert list(read_outbox(str(root), "b0")) == outbox
+    for name in committed:
+        assert DeltaTable(uris[name]).version() == before[name], f"{name} was written again"
+    clean = tmp_path / "clean"
+    _core(clean, schema, [batches[0]], [NOW0 + 30])
+    for t in tables:
+        assert _sorted_state(root, t) == _sorted_state(clean, t), t.name

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from collections import namedtuple
 
 import pytest
@@ -306,23 +305,22 @@ def test_torn_segment_its_whole_entries_become_events_and_the_segment_is_quarant
             assert replayed.get((t.keyspace, t.name), {}) == json_table(t, model_table(t, kept, NOW)), t.name
 
 
-def test_staging_of_remote_segments_is_private_to_each_attempt(tmp_path):
-    """Batch ids repeat across stores: two pipelines on one worker staging batch 1 at once must not share (and
-    then delete) each other's files. (The demo's first transform failed that way next to another pipeline.)"""
+def test_remote_segments_are_read_by_their_reader_into_a_private_checked_copy():
+    """No staging through the driver: whoever decodes a segment downloads it from the store itself, into a
+    directory of its own (two tasks, or two pipelines on one machine, never share and delete each other's copy),
+    checks it against the sha256 the batch claimed it with, and removes it afterwards."""
+    import os
     import uuid
 
-    from cdc_lib.pipeline.steps import _stage_segments
-    staged = []
-    for n in range(2):
-        cfg = P.PipelineConfig(store_url=f"memory://stage-{uuid.uuid4().hex}", cluster="c1",
-                               staging_dir=str(tmp_path / "staging"))
-        store = P.open_store(cfg)
-        key = _put_segment(store, "n1", 1, size=1000 + n)
-        batch = P.Batch(P.batch_id_for(1), 1, "claimed", [{"key": key, "node": "n1", "name": _segment_name(1),
-                                                           "size": 1000 + n, "checksum": store.info(key).checksum}],
-                        NOW, None)
-        staged.append(_stage_segments(store, cfg, batch))
-    (first_paths, first_dir), (second_paths, second_dir) = staged
-    assert first_dir != second_dir and first_paths[0].endswith("/n1/" + _segment_name(1))
-    shutil.rmtree(first_dir)                         # the first pipeline is done with its batch
-    assert open(second_paths[0], "rb").read() == bytes([1]) * 1001
+    from cdc_lib.spark.merge_job import segment_file
+    from cdc_lib.storage.objects import VerificationError
+    store = ObjectStore.from_url(f"memory://read-{uuid.uuid4().hex}")
+    key = _put_segment(store, "n1", 1, size=1000)
+    url, checksum = store.url_for(key), store.info(key).checksum
+    with segment_file(url, checksum, {}) as first, segment_file(url, checksum, {}) as second:
+        assert first != second and os.path.basename(first) == _segment_name(1)
+        assert open(first, "rb").read() == open(second, "rb").read() == bytes([1]) * 1000
+    assert not os.path.exists(os.path.dirname(first)) and not os.path.exists(os.path.dirname(second))
+    with pytest.raises(VerificationError, match=f"{url}.*sha256 {'0' * 64}"):
+        with segment_file(url, "0" * 64, {}):
+            pass

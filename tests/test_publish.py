@@ -1,4 +1,5 @@
-"""Exactly-once publication to a real Kafka-compatible broker (Tansu), with crashes injected at every step."""
+"""Exactly-once publication to Apache Kafka, with crashes injected at every step (real process kills), with and
+without Kafka transactions; Avro in the Confluent wire format against a real registry (Apicurio's ccompat API)."""
 from __future__ import annotations
 
 import json
@@ -19,7 +20,8 @@ from cdc_lib.storage.objects import ObjectStore
 
 REPO = Path(__file__).resolve().parents[1]
 
-# ``kafka_broker`` (conftest.py, tests/servers.py): a session-scoped memory-only Tansu broker on 127.0.0.1.
+# ``kafka_broker`` (conftest.py, tests/servers.py): a session-scoped Apache Kafka broker on 127.0.0.1;
+# ``schema_registry``: a session-scoped Apicurio Registry (its Confluent-compatible API).
 
 
 def make_batch(prefix: str, n: int = 30, keys: int = 5) -> list:
@@ -33,9 +35,9 @@ def make_batch(prefix: str, n: int = 30, keys: int = 5) -> list:
     return out
 
 
-def consume_all(bootstrap: str, topics) -> list:
+def consume_all(bootstrap: str, topics, isolation: str = "read_committed") -> list:
     """Every record of ``topics`` from the beginning: (topic, partition, offset, key, value, headers)."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "t-" + uuid.uuid4().hex,
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "t-" + uuid.uuid4().hex, "isolation.level": isolation,
                   "enable.auto.commit": False, "enable.partition.eof": True, "fetch.wait.max.ms": 10})
     try:
         assign = []
@@ -66,6 +68,7 @@ def consume_all(bootstrap: str, topics) -> list:
 
 
 def assert_exactly_once_in_order(bootstrap: str, batch: list) -> None:
+    """What a read_committed consumer (librdkafka's default) reads: each event once, in batch order per key."""
     records = consume_all(bootstrap, sorted({e.topic for e in batch}))
     ids = [r[5][EVENT_ID_HEADER].decode() for r in records]
     assert sorted(ids) == sorted(e.event_id for e in batch), "each event exactly once"
@@ -88,21 +91,22 @@ CRASH_SCRIPT = textwrap.dedent("""
     sys.path.insert(0, {repo!r})
     from cdc_lib.sinks.kafka import KafkaPublisher, OutboxEvent
     from cdc_lib.storage.objects import ObjectStore
-    bootstrap, ledger, batch_id, point, index, acked, events = json.load(sys.stdin)
+    bootstrap, ledger, batch_id, point, index, acked, transactional_id, events = json.load(sys.stdin)
     def fault(p, **info):
         if p == point and (index is None or info.get("index") == index):
             if acked:
                 pub._producer.flush(30)   # the background thread got these k events acknowledged
             os._exit(17)          # a crash: no flush, no cleanup, no exception handlers
-    pub = KafkaPublisher(bootstrap, ObjectStore.from_url(ledger), num_partitions=3, fault=fault)
+    pub = KafkaPublisher(bootstrap, ObjectStore.from_url(ledger), num_partitions=3, fault=fault,
+                         transactional_id=transactional_id)
     pub.publish_batch(batch_id, [OutboxEvent(e[0], e[1], e[2].encode(), None if e[3] is None else e[3].encode(), e[4])
                                  for e in events])
     os._exit(0)
 """)
 
 
-def run_crashing(bootstrap, ledger, batch_id, batch, point, index=None, acked=False) -> int:
-    payload = [bootstrap, str(ledger), batch_id, point, index, acked,
+def run_crashing(bootstrap, ledger, batch_id, batch, point, index=None, acked=False, transactional_id=None) -> int:
+    payload = [bootstrap, str(ledger), batch_id, point, index, acked, transactional_id,
                [[e.event_id, e.topic, e.key.decode(), None if e.value is None else e.value.decode(), e.seq]
                 for e in batch]]
     proc = subprocess.run([sys.executable, "-c", CRASH_SCRIPT.format(repo=str(REPO))], input=json.dumps(payload),
@@ -239,6 +243,145 @@ def test_a_duplicate_from_a_zombie_producer_is_caught_by_verification(kafka_brok
     assert not pub.is_published("seg-4")
 
 
+# ------------------------------------------------------------------------------------- with transactions
+
+TX_CRASH_POINTS = [("produced", 12), ("before_flush", None), ("delivered", 17)]
+
+
+@pytest.mark.parametrize("point,index", TX_CRASH_POINTS, ids=[f"{p}-{i}" for p, i in TX_CRASH_POINTS])
+def test_transactional_batch_killed_midway_is_never_seen_by_read_committed_then_published_once(
+        kafka_broker, tmp_path, point, index):
+    prefix = "cdc" + uuid.uuid4().hex[:8]
+    batch = make_batch(prefix)
+    topics = sorted({e.topic for e in batch})
+    txid = f"cdc-test-{uuid.uuid4().hex[:8]}"
+    # the dying process got its records to the broker (acknowledged) inside a transaction it never committed
+    # (at "delivered" the records are acknowledged by definition; a flush inside the delivery callback would hang)
+    assert run_crashing(kafka_broker, tmp_path, "seg-t", batch, point, index, acked=point != "delivered",
+                        transactional_id=txid) == 17
+    in_log = consume_all(kafka_broker, topics, "read_uncommitted")
+    assert in_log, "the crashed transaction's records are in the log"
+    pub = KafkaPublisher(kafka_broker, LocalLedgerStore(tmp_path), num_partitions=3, transactional_id=txid)
+    result = pub.publish_batch("seg-t", batch)       # fences the dead producer, aborting its transaction
+    assert (result.already_in_kafka, result.produced) == (0, len(batch))
+    assert_exactly_once_in_order(kafka_broker, batch)
+    # the aborted records stay in the log: a read_uncommitted consumer would see them twice
+    assert len(consume_all(kafka_broker, topics, "read_uncommitted")) == len(in_log) + len(batch)
+
+
+def test_transaction_aborted_by_a_failure_is_invisible_and_the_retry_commits_it(kafka_broker, tmp_path):
+    prefix = "cdc" + uuid.uuid4().hex[:8]
+    batch = make_batch(prefix)
+    txid = f"cdc-test-{uuid.uuid4().hex[:8]}"
+
+    class Boom(Exception):
+        pass
+
+    def fault(p, **info):
+        if p == "before_flush":
+            pub._producer.flush(10)            # every record is at the broker, uncommitted
+            raise Boom(p)
+
+    pub = KafkaPublisher(kafka_broker, LocalLedgerStore(tmp_path), num_partitions=3, transactional_id=txid,
+                         fault=fault)
+    with pytest.raises(Boom):
+        pub.publish_batch("seg-a", batch)
+    assert consume_all(kafka_broker, sorted({e.topic for e in batch})) == [], "read_committed sees nothing"
+    assert not pub.is_published("seg-a")
+    retry = KafkaPublisher(kafka_broker, LocalLedgerStore(tmp_path), num_partitions=3, transactional_id=txid)
+    assert retry.publish_batch("seg-a", batch).produced == len(batch)
+    assert_exactly_once_in_order(kafka_broker, batch)
+
+
+def test_a_committed_transactional_batch_is_found_whole_by_the_rerun(kafka_broker, tmp_path):
+    prefix = "cdc" + uuid.uuid4().hex[:8]
+    batch = make_batch(prefix)
+    txid = f"cdc-test-{uuid.uuid4().hex[:8]}"
+    assert run_crashing(kafka_broker, tmp_path, "seg-c", batch, "flushed", transactional_id=txid) == 17
+    pub = KafkaPublisher(kafka_broker, LocalLedgerStore(tmp_path), num_partitions=3, transactional_id=txid)
+    result = pub.publish_batch("seg-c", batch)
+    assert (result.already_in_kafka, result.produced) == (len(batch), 0)
+    assert_exactly_once_in_order(kafka_broker, batch)
+
+
+# ----------------------------------------------------------------------- topics and client settings
+
+def test_topics_are_created_with_partitions_replication_and_configs(kafka_broker, tmp_path):
+    from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+    prefix = "cdc" + uuid.uuid4().hex[:8]
+    batch = make_batch(prefix, n=6)
+    pub = KafkaPublisher(kafka_broker, LocalLedgerStore(tmp_path), num_partitions=2, replication_factor=1,
+                         topic_config={"cleanup.policy": "compact", "min.compaction.lag.ms": 1000})
+    pub.publish_batch("seg-1", batch)
+    admin = AdminClient({"bootstrap.servers": kafka_broker})
+    topic = batch[0].topic
+    md = admin.list_topics(topic, timeout=10).topics[topic]
+    assert len(md.partitions) == 2 and all(len(p.replicas) == 1 for p in md.partitions.values())
+    [configs] = admin.describe_configs([ConfigResource(ResourceType.TOPIC, topic)]).values()
+    got = configs.result(10)
+    assert got["cleanup.policy"].value == "compact" and got["min.compaction.lag.ms"].value == "1000"
+
+
+def _first_batch_compression(log_dirs: Path, topic: str) -> int:
+    """The compression codec of the first record batch in partition 0's log (attributes bits 0-2)."""
+    import struct
+    data = (log_dirs / f"{topic}-0" / "00000000000000000000.log").read_bytes()
+    # record batch v2: baseOffset int64, batchLength int32, partitionLeaderEpoch int32, magic int8, crc int32,
+    # attributes int16
+    assert data[16] == 2, "a record batch of magic 2"
+    return struct.unpack(">h", data[21:23])[0] & 0x07
+
+
+def test_producer_settings_reach_the_broker(kafka_server, tmp_path):
+    prefix = "cdc" + uuid.uuid4().hex[:8]
+    batch = [e for e in make_batch(prefix, n=30) if e.topic.endswith(".t1")]
+    pub = KafkaPublisher(kafka_server.bootstrap, LocalLedgerStore(tmp_path),
+                         client_config={"compression.type": "zstd", "client.id": "cdc-compression-test"})
+    pub.publish_batch("seg-z", batch)
+    assert _first_batch_compression(kafka_server.log_dirs, batch[0].topic) == 4, "zstd, as the setting asked"
+    assert_exactly_once_in_order(kafka_server.bootstrap, batch)
+
+
+@pytest.mark.parametrize("key", ["acks", "enable.idempotence", "max.in.flight.requests.per.connection",
+                                 "transactional.id"])
+def test_settings_exactly_once_depends_on_cannot_be_overridden(kafka_broker, tmp_path, key):
+    from cdc_lib.errors import ConfigError
+    with pytest.raises(ConfigError, match=key):
+        KafkaPublisher(kafka_broker, LocalLedgerStore(tmp_path), client_config={key: "1"})
+
+
+def test_sasl_credentials_from_the_airflow_connection_reach_kafka_and_nowhere_else(tmp_path, caplog):
+    """The Kafka connection's login/password and extras (security protocol, mechanism, compression) become the
+    client settings; the broker takes them; the password is never in the settings' shown or logged form."""
+    from collections import namedtuple
+
+    from cdc_lib.pipeline.airflow import describe_settings, pipeline_config
+    from servers import run_kafka_broker
+    Conn = namedtuple("Conn", "host port login password extra_dejson")
+    password = "s3cr3t-" + uuid.uuid4().hex
+    with run_kafka_broker(tmp_path / "k", sasl_users={"cdc": password}) as broker:
+        conns = {"cassandra_cdc_kafka": Conn(broker.sasl_bootstrap, None, "cdc", password, {
+            "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN", "compression.type": "lz4"})}
+        config, sources = pipeline_config({"store_url": str(tmp_path)}, None, conns.get, env={})
+        assert config.kafka_config == {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+                                       "compression.type": "lz4", "sasl.username": "cdc", "sasl.password": password}
+        shown = describe_settings(config, sources) + json.dumps(config.to_dict())
+        assert password not in shown and "kafka_config" in shown
+        prefix = "cdc" + uuid.uuid4().hex[:8]
+        batch = make_batch(prefix, n=10)
+        pub = KafkaPublisher(config.kafka_bootstrap, LocalLedgerStore(tmp_path / "l1"), num_partitions=2,
+                             client_config=config.kafka_config, timeout_s=20)
+        assert pub.publish_batch("seg-s", batch).produced == len(batch)
+        pub.close()
+        records = consume_all(broker.bootstrap, sorted({e.topic for e in batch}))
+        assert sorted(r[5][EVENT_ID_HEADER].decode() for r in records) == sorted(e.event_id for e in batch)
+        wrong = KafkaPublisher(config.kafka_bootstrap, LocalLedgerStore(tmp_path / "l2"), timeout_s=5,
+                               client_config={**config.kafka_config, "sasl.password": "wrong"})
+        with pytest.raises(Exception, match="(?i)auth"):
+            wrong.publish_batch("seg-w", make_batch("cdc" + uuid.uuid4().hex[:8], n=2))
+        assert password not in caplog.text
+
+
 def test_topic_names():
     assert table_topic("cdc", "shop", "orders") == "cdc.shop.orders"
     assert schema_change_topic("cdc") == "cdc.schema-changes"
@@ -255,71 +398,21 @@ def test_outbox_order_is_checked(tmp_path, kafka_broker):
 
 # ------------------------------------------------------------------------------------ serialization
 
-import threading  # noqa: E402
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer  # noqa: E402
+from confluent_kafka.schema_registry.avro import AvroDeserializer  # noqa: E402
+from confluent_kafka.serialization import MessageField, SerializationContext  # noqa: E402
 
 from cdc_lib.cql.schema_from_ddl import load_cql_schema  # noqa: E402
 from cdc_lib.errors import FormatError  # noqa: E402
 from cdc_lib.sinks.avro import from_avro_envelope, table_schema_dicts  # noqa: E402
-from cdc_lib.sinks.kafka import (AvroCodec, JsonCodec, SchemaRegistryClient, SchemaRegistryError, confluent_unframe,
-                                 outbox_events, schema_change_outbox_event, schema_fingerprint, single_object_unframe)
-
-
-class FakeRegistry:
-    """The two Schema Registry endpoints a producer uses, on 127.0.0.1 (same schema -> same id)."""
-
-    def __init__(self):
-        self.ids: dict = {}
-        self.subjects: dict = {}
-        registry = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def _answer(self, code, obj):
-                body = json.dumps(obj).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/vnd.schemaregistry.v1+json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_POST(self):
-                parts = self.path.strip("/").split("/")
-                if len(parts) != 3 or parts[0] != "subjects" or parts[2] != "versions":
-                    return self._answer(404, {"error_code": 404, "message": "not found"})
-                req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                try:
-                    json.loads(req["schema"])
-                except ValueError:
-                    return self._answer(422, {"error_code": 42201, "message": "Invalid schema"})
-                sid = registry.ids.setdefault(req["schema"], len(registry.ids) + 1)
-                registry.subjects.setdefault(parts[1], []).append(sid)
-                self._answer(200, {"id": sid})
-
-            def do_GET(self):
-                parts = self.path.strip("/").split("/")
-                by_id = {v: k for k, v in registry.ids.items()}
-                if len(parts) == 3 and parts[:2] == ["schemas", "ids"] and int(parts[2]) in by_id:
-                    return self._answer(200, {"schema": by_id[int(parts[2])]})
-                self._answer(404, {"error_code": 40403, "message": "Schema not found"})
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+from cdc_lib.sinks.kafka import (AvroCodec, JsonCodec, SchemaRegistryError, confluent_unframe,  # noqa: E402
+                                 outbox_events, schema_change_outbox_event, schema_fingerprint,
+                                 schema_registry_client, single_object_unframe)
 
 
 @pytest.fixture
-def registry():
-    r = FakeRegistry()
-    yield r
-    r.close()
+def registry(schema_registry):
+    """A registry client; each test publishes under its own topic prefix, so subjects never collide."""
+    return schema_registry_client(schema_registry)
 
 
 @pytest.fixture(scope="module")
@@ -351,19 +444,25 @@ def order_events(table, n=6):
     return out
 
 
-def test_avro_with_registry_uses_confluent_framing_and_registers_once(registry, orders):
-    codec = AvroCodec(SchemaRegistryClient(registry.url))
-    outbox = outbox_events(codec, "cdc", orders, order_events(orders))
-    assert {e.topic for e in outbox} == {"cdc.shop.orders"}
-    assert sorted(registry.subjects) == ["cdc.shop.orders-key", "cdc.shop.orders-value"]
-    assert all(len(v) == 1 for v in registry.subjects.values()), "ids are cached: one registration per subject"
-    value_id = registry.subjects["cdc.shop.orders-value"][0]
+def test_avro_with_registry_uses_confluent_framing_and_registers_once(registry, schema_registry, orders):
+    prefix = "cdc" + uuid.uuid4().hex[:8]
+    codec = AvroCodec(registry)
+    outbox = outbox_events(codec, prefix, orders, order_events(orders))
+    assert {e.topic for e in outbox} == {f"{prefix}.shop.orders"}
+    subjects = sorted(x for x in registry.get_subjects() if x.startswith(prefix))
+    assert subjects == [f"{prefix}.shop.orders-key", f"{prefix}.shop.orders-value"]
+    assert all(registry.get_versions(x) == [1] for x in subjects), "one version per subject"
+    value_id = registry.get_latest_version(f"{prefix}.shop.orders-value").schema_id
+    # confluent-kafka's own deserializer reads what we wrote, with nothing but the registry
+    reader = AvroDeserializer(schema_registry_client(schema_registry))
     for ev, ob in zip(order_events(orders), outbox):
         sid, _ = confluent_unframe(ob.value)
         assert sid == value_id
-        fresh = AvroCodec(SchemaRegistryClient(registry.url))   # a consumer that only has the registry
+        fresh = AvroCodec(schema_registry_client(schema_registry))   # a consumer that only has the registry
         back = from_avro_envelope(orders, fresh.decode(ob.value))
         assert back["id"] == ev["id"] and back["after"] == ev["after"] and back["before"] == ev["before"]
+        datum = reader(ob.value, SerializationContext(ob.topic, MessageField.VALUE))
+        assert datum["id"] == ev["id"] and datum["op"] == ev["op"]
     # same key -> same bytes (the partitioner must send a key's events to one partition)
     assert outbox[0].key == outbox[2].key != outbox[1].key
 
@@ -395,27 +494,44 @@ def test_json_codec_and_tombstones(orders):
 def test_json_outbox_rows_re_encode_as_avro(registry, orders):
     from cdc_lib.sinks.avro import to_json_event, to_json_key
     from cdc_lib.sinks.kafka import avro_from_json_outbox
-    codec = AvroCodec(SchemaRegistryClient(registry.url))
-    direct = outbox_events(codec, "cdc", orders, order_events(orders))
+    prefix = "cdc" + uuid.uuid4().hex[:8]
+    topic = f"{prefix}.shop.orders"
+    codec = AvroCodec(registry)
+    direct = outbox_events(codec, prefix, orders, order_events(orders))
     for ev, ob in zip(order_events(orders), direct):
-        key, value = avro_from_json_outbox(codec, orders, "cdc.shop.orders", json.dumps(to_json_key(orders, ev["key"])),
+        key, value = avro_from_json_outbox(codec, orders, topic, json.dumps(to_json_key(orders, ev["key"])),
                                            json.dumps(to_json_event(orders, ev)))
         assert (key, value) == (ob.key, ob.value), "byte-identical to encoding the typed event"
-    assert avro_from_json_outbox(codec, orders, "cdc.shop.orders", json.dumps(to_json_key(orders, ev["key"])),
+    assert avro_from_json_outbox(codec, orders, topic, json.dumps(to_json_key(orders, ev["key"])),
                                  None)[1] is None
 
 
-def test_registry_errors_are_typed(registry):
-    client = SchemaRegistryClient(registry.url)
-    with pytest.raises(SchemaRegistryError, match="404"):
-        client.schema(999)
-    with pytest.raises(SchemaRegistryError):
-        SchemaRegistryClient("http://127.0.0.1:9", timeout_s=1).register("x-value", {"type": "string"})
+def test_registry_errors_are_typed(registry, orders):
+    with pytest.raises(SchemaRegistryError, match="schema id 999999"):
+        AvroCodec(registry).decode(b"\x00" + (999999).to_bytes(4, "big") + b"\x00")
+    with pytest.raises(SchemaRegistryError, match="registering a schema under subject"):
+        outbox_events(AvroCodec(schema_registry_client("http://127.0.0.1:9")), "cdc", orders, order_events(orders))
+
+
+def test_an_incompatible_schema_is_refused_with_the_subject_and_its_level(registry, orders):
+    """A subject at BACKWARD compatibility whose versions our envelope cannot read: the registry refuses it (409)
+    and the error says which subject, under which level, and that nothing was published."""
+    from confluent_kafka.schema_registry import Schema
+    prefix = "cdc" + uuid.uuid4().hex[:8]
+    subject = f"{prefix}.shop.orders-value"
+    envelope = table_schema_dicts(orders).envelope
+    older = {"type": "record", "name": envelope["name"], "namespace": envelope.get("namespace"),
+             "fields": [{"name": "op", "type": "int"}]}          # 'op' was an int: a string reader cannot read it
+    registry.register_schema(subject, Schema(json.dumps(older), "AVRO"))
+    registry.set_compatibility(subject, "BACKWARD")
+    with pytest.raises(SchemaRegistryError, match=rf"(?s)subject {subject}.*incompatible.*BACKWARD.*Nothing of the batch"):
+        outbox_events(AvroCodec(registry), prefix, orders, order_events(orders))
+    assert registry.get_versions(subject) == [1]
 
 
 def test_avro_events_published_and_read_back_end_to_end(kafka_broker, registry, orders, tmp_path):
     prefix = "cdc" + uuid.uuid4().hex[:8]
-    codec = AvroCodec(SchemaRegistryClient(registry.url))
+    codec = AvroCodec(registry)
     events = order_events(orders)
     batch = outbox_events(codec, prefix, orders, events)
     change = {"id": "sc1", "keyspace": "shop", "table": "orders", "kind": "alter_table",
@@ -424,7 +540,7 @@ def test_avro_events_published_and_read_back_end_to_end(kafka_broker, registry, 
     pub = KafkaPublisher(kafka_broker, LocalLedgerStore(tmp_path), num_partitions=2)
     pub.publish_batch("seg-avro", batch)
     records = consume_all(kafka_broker, [table_topic(prefix, "shop", "orders"), schema_change_topic(prefix)])
-    consumer = AvroCodec(SchemaRegistryClient(registry.url))
+    consumer = AvroCodec(registry)
     got = {}
     for topic, _, _, key, value, headers in records:
         datum = consumer.decode(value)

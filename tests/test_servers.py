@@ -9,7 +9,7 @@ import uuid
 import psutil
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
-from servers import KAFKA_GROUP_CONSUMER_CONFIG, ServerStartError, run_kafka_broker, run_s3_server
+from servers import ServerStartError, run_kafka_broker, run_s3_server
 
 
 def read_partition(bootstrap: str, topic: str, isolation: str = "read_uncommitted") -> list[bytes]:
@@ -71,25 +71,42 @@ def test_read_committed_hides_an_open_transaction_until_commit(kafka_broker, kaf
     assert read_partition(kafka_broker, kafka_topic, "read_committed") == [b"in-tx"]
 
 
-def test_known_tansu_limit_aborted_records_reach_read_committed_consumers(kafka_broker, kafka_topic):
-    # Documents the broker we test against: if this starts failing, Tansu honours aborts now and the
-    # notes in tests/servers.py (and any code working around it) can be updated.
+def test_aborted_transaction_stays_hidden_from_read_committed_consumers(kafka_broker, kafka_topic):
     producer = Producer({"bootstrap.servers": kafka_broker, "transactional.id": f"tx-{uuid.uuid4().hex}"})
     producer.init_transactions(10)
     producer.begin_transaction()
     producer.produce(kafka_topic, value=b"aborted")
     producer.flush(10)  # abort_transaction purges unsent messages: make sure it reached the broker
     producer.abort_transaction(10)
-    assert read_partition(kafka_broker, kafka_topic, "read_committed") == [b"aborted"]
+    producer.begin_transaction()
+    producer.produce(kafka_topic, value=b"committed")
+    producer.commit_transaction(10)
+    assert read_partition(kafka_broker, kafka_topic, "read_committed") == [b"committed"]
+    assert read_partition(kafka_broker, kafka_topic, "read_uncommitted") == [b"aborted", b"committed"]
 
 
-def test_group_consumer_joins_with_short_poll_interval(kafka_broker, kafka_topic):
+def test_high_watermark_is_the_log_end_including_transaction_markers(kafka_broker, kafka_topic):
+    producer = Producer({"bootstrap.servers": kafka_broker, "transactional.id": f"tx-{uuid.uuid4().hex}"})
+    producer.init_transactions(10)
+    for n in (3, 2):
+        producer.begin_transaction()
+        for i in range(n):
+            producer.produce(kafka_topic, value=b"%d" % i)
+        producer.commit_transaction(10)
+    consumer = Consumer({"bootstrap.servers": kafka_broker, "group.id": f"g-{uuid.uuid4().hex}"})
+    try:
+        # 3 records + a commit marker + 2 records + a commit marker
+        assert consumer.get_watermark_offsets(TopicPartition(kafka_topic, 0), timeout=10) == (0, 7)
+    finally:
+        consumer.close()
+
+
+def test_group_consumer_joins_and_commits(kafka_broker, kafka_topic):
     producer = Producer({"bootstrap.servers": kafka_broker})
     producer.produce(kafka_topic, value=b"hello")
     assert producer.flush(10) == 0
     consumer = Consumer({"bootstrap.servers": kafka_broker, "group.id": f"g-{uuid.uuid4().hex}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False,
-                         **KAFKA_GROUP_CONSUMER_CONFIG})
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
     consumer.subscribe([kafka_topic])
     try:
         deadline, msg = time.monotonic() + 20, None
@@ -101,6 +118,19 @@ def test_group_consumer_joins_with_short_poll_interval(kafka_broker, kafka_topic
         assert committed.offset == msg.offset() + 1
     finally:
         consumer.close()
+
+
+def test_a_stopped_broker_comes_back_with_its_data(tmp_path):
+    with run_kafka_broker(tmp_path / "k") as broker:
+        topic = broker.create_topic("kept")
+        producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all"})
+        producer.produce(topic, value=b"before the stop")
+        assert producer.flush(10) == 0
+        del producer
+    assert gone(broker.pid)
+    with run_kafka_broker(tmp_path / "k") as again:
+        assert again.bootstrap == broker.bootstrap and again.pid != broker.pid
+        assert read_partition(again.bootstrap, topic) == [b"before the stop"]
 
 
 def test_broker_process_is_gone_after_the_context_ends():
@@ -123,14 +153,24 @@ def test_broker_is_stopped_when_the_test_body_fails():
     assert gone(broker.pid)
 
 
-def test_a_broker_that_cannot_start_gives_a_clear_error(monkeypatch, tmp_path):
-    fake = tmp_path / "tansu"
-    fake.write_text("#!/bin/sh\necho 'simulated failure' >&2\nexit 3\n")
-    fake.chmod(0o755)
-    monkeypatch.setenv("CALF_TANSU_BIN", str(fake))
-    with pytest.raises(ServerStartError, match=r"(?s)exited with code 3.*simulated failure"):
-        with run_kafka_broker(attempts=1):
+def test_a_broker_that_cannot_start_gives_a_clear_error(tmp_path):
+    with pytest.raises(ServerStartError, match=r"(?s)exited with code 1.*Invalid value not-a-number"):
+        with run_kafka_broker(tmp_path / "k", attempts=1, properties={"node.id": "not-a-number"}):
             pass
+
+
+def test_schema_registry_speaks_the_confluent_api(schema_registry):
+    import json
+
+    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+
+    client = SchemaRegistryClient({"url": schema_registry})
+    schema = Schema(json.dumps({"type": "record", "name": "R", "fields": [{"name": "a", "type": "long"}]}), "AVRO")
+    subject = f"s-{uuid.uuid4().hex}-value"
+    sid = client.register_schema(subject, schema)
+    assert client.register_schema(subject, schema) == sid
+    assert json.loads(client.get_schema(sid).schema_str)["name"] == "R"
+    assert client.get_latest_version(subject).schema_id == sid
 
 
 # ---------------------------------------------------------------------------------------------------- S3

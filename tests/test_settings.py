@@ -65,10 +65,11 @@ def test_dag_conf_and_flags_follow_the_same_rule():
 
 def test_every_dag_param_is_a_pipeline_setting_but_secrets_and_schedules():
     assert set(run_setting_names()) == set(PipelineConfig.__dataclass_fields__) - {
-        "s3_access_key", "s3_secret_key", "cassandra_password", "schedule", "maintenance_schedule"}
+        "s3_access_key", "s3_secret_key", "cassandra_password", "kafka_config", "schema_registry_config",
+        "schedule", "maintenance_schedule"}
 
 
-@pytest.mark.parametrize("setting", ["store_url", "schema_file", "staging_dir"])
+@pytest.mark.parametrize("setting", ["store_url", "schema_file"])
 @pytest.mark.parametrize("value", ["cdc-data", "./cdc-data", "file://cdc-data"])
 def test_a_relative_local_path_is_refused_naming_the_setting(setting, value):
     """A worker's working directory is nobody's choice: ./cdc-data under Airflow landed in the scheduler's cwd."""

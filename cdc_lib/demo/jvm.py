@@ -1,5 +1,5 @@
 """Where the JVM parts of the tests and the demo are: ``.jvm/lib/<part>`` in the repository, fetched from Maven
-Central by ``scripts/setup.sh`` as pinned by ``jvm/<part>/pom.xml`` (cassandra, kafka, apicurio, delta).
+Central by ``scripts/setup.sh`` as pinned by ``jvm/<part>/pom.xml`` (cassandra, kafka, apicurio, delta, s3a).
 
 A part that is not there is an error that says how to get it (never a skipped test).
 """

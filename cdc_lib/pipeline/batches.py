@@ -108,6 +108,15 @@ def reload_batch(store: ObjectStore, batch) -> Batch:
     return read_batch(store, batch_id)
 
 
+def segment_sources(store: ObjectStore, batch: Batch) -> tuple[list, dict]:
+    """Where the transform reads the batch's segments from, and the sha256 each was claimed with: a local store's
+    files in place, a remote store's objects by URL (each reader downloads and checks its own copy)."""
+    import os
+    sources = [os.path.join(store.root, *s["key"].split("/")) if store.local else store.url_for(s["key"])
+               for s in batch.segments]
+    return sources, {src: s["checksum"] for src, s in zip(sources, batch.segments)}
+
+
 def no_fault(point: str) -> None:
     pass
 

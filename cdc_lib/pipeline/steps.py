@@ -10,10 +10,12 @@ finds what is done and does the rest:
    the manifest (state ``claimed``), then move the pointer ``checkpoints/pipeline.json``. Nothing new: an
    empty batch, returned fast, without writing anything; unless a TTL sweep is due (``sweep_interval_s`` since
    the last batch, or a sweep requested by the maintenance DAG): then a batch without segments sweeps expiries.
-2. ``transform``: ``spark.merge_job.run_batch`` (in-process local Spark, the embedded default, or
-   ``spark-submit``); a sweep batch runs the Spark-free ``sinks.delta.run_store_batch``. Damaged entries and
-   entries of unknown tables are written to ``quarantined/`` with a ``.reason.json`` by the job; the rest of the
-   batch proceeds. Delta commits carry the app transaction ``(app_id, batch_seq)``: a rerun writes nothing twice.
+2. ``transform``: ``spark.merge_job.run_batch``: a small batch on a local master in this process without Spark
+   (delta-rs), a larger one on Spark (delta-spark), in-process or with ``spark-submit``; the readers take the
+   segments straight from the store. A sweep batch runs the Spark-free ``sinks.delta.run_store_batch``. Damaged
+   entries and entries of unknown tables are written to ``quarantined/`` with a ``.reason.json`` by the job; the
+   rest of the batch proceeds. Delta commits carry the app transaction ``(app_id, batch_seq)``: a rerun writes
+   nothing twice. The step holds the store's Delta writer lock while it writes (the maintenance DAG waits).
 3. ``publish``: ``sinks.kafka.KafkaPublisher.publish_batch`` on the batch's outbox rows (exactly once: the
    publisher's own intent/scan/verify protocol and its ledger marker ``ledger/<batch_id>.json``).
 4. ``archive``: only once the publisher's marker exists: each segment moves ``incoming/`` -> ``archived/``
@@ -31,28 +33,24 @@ publisher points arrive as ``publish:<point>``); tests raise from it or ``os._ex
 """
 from __future__ import annotations
 
-import json
 import logging
-import os
-import shutil
-import subprocess
-import tempfile
 import time
-from pathlib import Path
 from typing import Optional
 
 from cdc_lib.commitlog.segment import DAMAGE_KINDS
 from cdc_lib.errors import CdcError, ConfigError
 from cdc_lib.settings import PipelineConfig
 from cdc_lib.spark.session import spark_session
+from cdc_lib.spark.submit import run_job
 from cdc_lib.storage.layout import Layout, parse_segment_name
-from cdc_lib.storage.objects import ObjectStore, sha256_file
+from cdc_lib.storage.lock import DELTA_WRITER_LOCK, store_lock
+from cdc_lib.storage.objects import ObjectStore
 from cdc_lib.storage.quarantine import quarantined_records
 
 from .backfill import snapshot_outbox
 from .batches import (POINTER_KEY, SNAPSHOT_REQUEST_KEY, STATES, SWEEP_REQUEST_KEY, Batch, Fault, PipelineError,
                       batch_id_for, manifest_key, no_fault, processing_time, read_batch, read_pointer, record_metrics,
-                      reload_batch, save_batch)
+                      reload_batch, save_batch, segment_sources)
 from .health import arrival_warnings, check_run_settings, open_existing_store
 from .replay import claim_replay, consume_replay_share, reemit_outbox
 from .replay import describe as describe_replay
@@ -224,47 +222,16 @@ def _backlog(candidates: list) -> dict:
 # ------------------------------------------------------------------------------------------------ 2. transform
 
 
-def _stage_segments(store: ObjectStore, config: PipelineConfig, batch: Batch) -> tuple[list, Optional[str]]:
-    """Local paths ``.../<node>/<segment>`` of the batch's segments (the job reads local files).
-
-    A local store is read in place. A remote store's segments are fetched (bounded by ``max_bytes``) into a new
-    directory of this attempt's own and checked against their sidecar checksum: batch ids repeat across stores,
-    so a directory named after the batch alone would be shared (and removed) by two pipelines on one worker.
-    Returns (paths, staging directory to remove afterwards).
-    """
-    if store.local:
-        return [os.path.join(store.root, *s["key"].split("/")) for s in batch.segments], None
-    if config.staging_dir:
-        os.makedirs(config.staging_dir, exist_ok=True)
-    base = Path(tempfile.mkdtemp(prefix=f"cdc-stage-{batch.batch_id}-", dir=config.staging_dir))
-    paths = []
-    for s in batch.segments:
-        dest = base / s["node"] / s["name"]
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        with store.open(s["key"]) as src, open(dest, "wb") as out:
-            shutil.copyfileobj(src, out, MiB)
-        got = sha256_file(dest)[0]
-        if got != s["checksum"]:
-            raise PipelineError(f"{s['key']}: fetched copy hashes to {got}, sidecar says {s['checksum']}")
-        paths.append(str(dest))
-    return paths, str(base)
-
-
-def _spark_submit(config: PipelineConfig, paths: list, root: str, batch: Batch) -> dict:
-    """Run the job with ``spark-submit`` (the job's CLI); its last stdout line is the result as JSON."""
-    job = Path(__file__).resolve().parents[2] / "spark_jobs" / "merge_batch.py"
-    argv = [config.spark_submit_bin, "--master", config.spark_master, str(job), "--segments", *paths,
-            "--root", root, "--schema-file", str(config.schema_file), "--batch-id", batch.batch_id,
-            "--batch-seq", str(batch.batch_seq), "--now", str(batch.now), "--cluster", config.cluster]
-    if batch.prev_now is not None:
-        argv += ["--prev-now", str(batch.prev_now)]
-    for k, v in config.delta_options().items():
-        argv += ["--storage-option", f"{k}={v}"]
-    log.info("transform: %s", " ".join(a if "SECRET" not in a else a.split("=")[0] + "=***" for a in argv))
-    proc = subprocess.run(argv, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise PipelineError(f"spark-submit failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+def transform_mode(config: PipelineConfig, batch: Batch) -> str:
+    """Where the batch's segments are decoded and reconciled: ``driver`` (this process, without Spark: a local
+    master and at most ``driver_batch_max_bytes`` of segments), ``spark`` (a session in this process) or
+    ``spark-submit``."""
+    if config.spark_submit:
+        return "spark-submit"
+    size = sum(s["size"] for s in batch.segments)
+    if config.spark_master.startswith("local") and size <= config.driver_batch_max_bytes:
+        return "driver"
+    return "spark"
 
 
 def _describe(batch: Batch, config: PipelineConfig) -> str:
@@ -278,13 +245,19 @@ def _describe(batch: Batch, config: PipelineConfig) -> str:
         return f"{head}: TTL expiry sweep (no segments)"
     nodes = sorted({s["node"] for s in batch.segments})
     size = sum(s["size"] for s in batch.segments)
-    how = f"spark-submit --master {config.spark_master}" if config.spark_submit else f"Spark {config.spark_master}"
+    how = {"driver": "in this process (a small batch: no Spark)",
+           "spark": f"Spark {config.spark_master}",
+           "spark-submit": f"spark-submit --master {config.spark_master}"}[transform_mode(config, batch)]
     return (f"{head}: {len(batch.segments)} segments, {size / MiB:.1f} MiB from {len(nodes)} nodes "
-            f"({', '.join(nodes)}) with {how}")
+            f"({', '.join(nodes)}) {how}")
 
 
 def transform(config: PipelineConfig, batch, *, fault: Fault = no_fault, spark=None) -> Batch:
-    """Decode, dedupe and reconcile the batch into Delta state tables + outbox (idempotent per ``batch_seq``)."""
+    """Decode, dedupe and reconcile the batch into Delta state tables + outbox (idempotent per ``batch_seq``).
+
+    Holds the store's Delta writer lock (``storage.lock``) while it writes, so the maintenance DAG never commits
+    at the same time. ``spark``: the session to use when the batch runs on Spark in this process.
+    """
     store = open_store(config)
     batch = reload_batch(store, batch)
     if batch.empty:
@@ -302,35 +275,20 @@ def transform(config: PipelineConfig, batch, *, fault: Fault = no_fault, spark=N
         fault(f"transform:{kind}")
 
     counters: dict = {"segments": len(batch.segments), "bytes": sum(s["size"] for s in batch.segments)}
-    if batch.snapshot:
-        counters.update(events=snapshot_outbox(config, root, schema, batch, hook))
-    elif batch.replay.get("purpose") == "reemit":
-        counters.update(events=reemit_outbox(config, root, batch, hook))
-    elif batch.sweep or not batch.segments:
-        from cdc_lib.sinks.delta import DeltaRsStateStore, run_store_batch
-        st = DeltaRsStateStore(root, config.delta_options(), app_id=config.app_id, fail_hook=hook)
-        res = run_store_batch(st, schema, [], batch_id=batch.batch_id, batch_seq=batch.batch_seq, now=batch.now,
-                              prev_now=batch.prev_now, cluster=config.cluster)
-        counters.update(events=res["events"], partitions_written=sum(res["tables"].values()))
-    else:
-        paths, staged = _stage_segments(store, config, batch)
-        try:
-            if config.spark_submit:
-                res = _spark_submit(config, paths, root, batch)
-                counters.update(events=res.get("events", 0), partitions_written=sum(res.get("tables", {}).values()))
-            else:
-                from cdc_lib.spark.merge_job import run_batch
-                t1 = time.monotonic()
-                session = spark or spark_session(config.spark_master)
-                counters["spark_start_s"] = round(time.monotonic() - t1, 3)
-                res = run_batch(session, paths, root=root, storage_options=config.delta_options(), schema=schema,
-                                batch_id=batch.batch_id, batch_seq=batch.batch_seq, now=batch.now,
-                                prev_now=batch.prev_now, cluster=config.cluster, app_id=config.app_id,
-                                quarantine_url=store.url, quarantine_options=config.fs_options(), fail_hook=hook)
-                counters.update(events=res.events, state_rows_written=sum(res.tables.values()))
-        finally:
-            if staged:
-                shutil.rmtree(staged, ignore_errors=True)
+    with store_lock(store, DELTA_WRITER_LOCK, f"the transform of batch {batch.batch_id}",
+                    wait_s=config.delta_lock_wait_s, ttl_s=config.delta_lock_ttl_s):
+        if batch.snapshot:
+            counters.update(events=snapshot_outbox(config, root, schema, batch, hook))
+        elif batch.replay.get("purpose") == "reemit":
+            counters.update(events=reemit_outbox(config, root, batch, hook))
+        elif batch.sweep or not batch.segments:
+            from cdc_lib.sinks.delta import DeltaRsStateStore, run_store_batch
+            st = DeltaRsStateStore(root, config.delta_options(), app_id=config.app_id, fail_hook=hook)
+            res = run_store_batch(st, schema, [], batch_id=batch.batch_id, batch_seq=batch.batch_seq,
+                                  now=batch.now, prev_now=batch.prev_now, cluster=config.cluster)
+            counters.update(events=res["events"], partitions_written=sum(res["tables"].values()))
+        else:
+            counters.update(_run_transform(config, store, root, schema, batch, hook, spark))
     quarantined = quarantined_records(store, config.cluster, batch.segments, batch.batch_id)
     damaged_segments = sorted({(q["node"], q["segment"]) for q in quarantined if q["kind"] in DAMAGE_KINDS})
     counters.update(
@@ -350,6 +308,34 @@ def transform(config: PipelineConfig, batch, *, fault: Fault = no_fault, spark=N
     return batch
 
 
+def _run_transform(config: PipelineConfig, store: ObjectStore, root: str, schema, batch: Batch, hook,
+                   spark) -> dict:
+    """The Spark job of a batch with segments, where ``transform_mode`` says; returns its counters."""
+    mode = transform_mode(config, batch)
+    if mode == "spark-submit":
+        if config.schema_source != "cql":
+            raise ConfigError("spark_submit runs the job with a schema file: set schema_source 'cql' and "
+                              "schema_file (the job cannot reach Cassandra for the schema)")
+        res = run_job(config, ["--store-url", store.url, "--batch-id", batch.batch_id, "--schema-file",
+                               str(config.schema_file), "--cluster", config.cluster, "--app-id", config.app_id])
+        return {"mode": mode, "events": res.get("events", 0),
+                "state_rows_written": sum(res.get("tables", {}).values()), "job_stages_s": res.get("timings", {})}
+    from cdc_lib.spark.merge_job import run_batch
+    counters: dict = {"mode": mode}
+    session = None
+    if mode == "spark":
+        t1 = time.monotonic()
+        session = spark or spark_session(config)
+        counters["spark_start_s"] = round(time.monotonic() - t1, 3)
+    sources, checksums = segment_sources(store, batch)
+    res = run_batch(session, sources, root=root, storage_options=config.delta_options(), schema=schema,
+                    batch_id=batch.batch_id, batch_seq=batch.batch_seq, now=batch.now, prev_now=batch.prev_now,
+                    cluster=config.cluster, app_id=config.app_id, store_url=store.url,
+                    store_options=config.fs_options(), checksums=checksums, fail_hook=hook)
+    counters.update(events=res.events, state_rows_written=sum(res.tables.values()))
+    return counters
+
+
 # ------------------------------------------------------------------------------------------------ 3. publish
 
 def _codec(config: PipelineConfig, store):
@@ -358,8 +344,9 @@ def _codec(config: PipelineConfig, store):
         return None
     if config.kafka_format != "avro":
         raise ConfigError(f"kafka_format {config.kafka_format!r}: use 'json' or 'avro'")
-    from cdc_lib.sinks.kafka import AvroCodec, SchemaRegistryClient
-    registry = SchemaRegistryClient(config.schema_registry_url) if config.schema_registry_url else None
+    from cdc_lib.sinks.kafka import AvroCodec, schema_registry_client
+    registry = (schema_registry_client(config.schema_registry_url, config.schema_registry_config)
+                if config.schema_registry_url else None)
     return AvroCodec(registry, schema_store=store)
 
 
@@ -400,6 +387,13 @@ def _outbox_events(config: PipelineConfig, root: str, batch: Batch, tally: dict,
     return out
 
 
+def transactional_id(config: PipelineConfig) -> str:
+    """The Kafka transactional id of a pipeline (``kafka_transactions``): stable across its runs, so each run fences
+    the producers of runs that crashed, and its own: pipelines publishing other prefixes or clusters never fence
+    each other."""
+    return f"{config.app_id}.{config.topic_prefix}.{config.cluster}"
+
+
 def publish(config: PipelineConfig, batch, *, fault: Fault = no_fault) -> Batch:
     """Publish the batch's outbox to Kafka exactly once (``sinks.kafka.KafkaPublisher``)."""
     from cdc_lib.sinks.kafka import KafkaPublisher
@@ -418,7 +412,11 @@ def publish(config: PipelineConfig, batch, *, fault: Fault = no_fault) -> Batch:
     tally: dict = {"by_op": {}, "by_table": {}, "by_table_op": {}}
     events = _outbox_events(config, delta_root(config, store), batch, tally, codec)
     publisher = KafkaPublisher(config.kafka_bootstrap, store, ledger_prefix=Layout.LEDGER,
-                               num_partitions=config.kafka_partitions, timeout_s=config.kafka_timeout_s,
+                               num_partitions=config.kafka_partitions,
+                               replication_factor=config.kafka_replication_factor,
+                               topic_config=config.kafka_topic_config, client_config=config.kafka_config,
+                               transactional_id=transactional_id(config) if config.kafka_transactions else None,
+                               timeout_s=config.kafka_timeout_s,
                                fault=lambda point, **info: fault(f"publish:{point}"))
     res = publisher.publish_batch(batch.batch_id, events)
     in_kafka = time.time()

@@ -395,7 +395,9 @@ def events_table_uri(root: str) -> str:
 
 
 class StateStore(Protocol):
-    """What a batch needs from state storage; ``DeltaRsStateStore`` here, ``DeltaSparkStateStore`` on Spark."""
+    """What a batch needs from state storage: ``DeltaRsStateStore`` here (without Spark: the CLI, small batches in
+    the driver process, sweep and snapshot batches), ``sinks.delta_spark.DeltaSparkStateStore`` on the Spark path
+    (the same tables, written by Spark's executors)."""
 
     def read_partitions(self, table, keys: Iterable[bytes]) -> dict: ...
 
@@ -403,11 +405,11 @@ class StateStore(Protocol):
 
     def is_committed(self, table, batch_seq: int) -> bool: ...
 
-    def commit(self, table, batch_seq: int, source) -> None: ...
+    def commit(self, table, batch_seq: int, source) -> bool: ...
 
     def outbox_committed(self, batch_seq: int) -> bool: ...
 
-    def write_outbox(self, batch_seq: int, rows) -> None: ...
+    def write_outbox(self, batch_seq: int, rows, batch_id: str = "") -> bool: ...
 
 
 class DeltaRsStateStore:
@@ -732,37 +734,3 @@ def run_store_batch(store: DeltaRsStateStore, schema, cell_log_batches, *, batch
         if store.commit_states(table, batch_seq, results, now):
             counts[table.qualified_name] = sum(1 for r in results if r.changed)
     return {"events": len(events), "tables": counts, "outbox_written": written}
-
-
-# ------------------------------------------------------------------------ delta-spark (clusters with jars)
-
-class DeltaSparkStateStore(DeltaRsStateStore):
-    """Sketch: the same commits as a delta-spark MERGE, for clusters that have the Delta Lake jars.
-
-    Not runnable here (the jars cannot be downloaded) and not counted as tested. Reads stay on deltalake
-    (any engine can read the tables); ``commit`` writes the change rows through Spark so that large batches
-    never pass through one process. Idempotence uses Delta's own ``txnAppId``/``txnVersion`` writer options.
-    """
-
-    def __init__(self, spark, root: str, storage_options: Optional[dict] = None, **kw):
-        super().__init__(root, storage_options, **kw)
-        self.spark = spark
-
-    def commit(self, table, batch_seq: int, source) -> bool:  # pragma: no cover - needs delta-spark jars
-        from delta.tables import DeltaTable as SparkDeltaTable  # noqa: F401 - import guard
-        if self.is_committed(table, batch_seq):
-            return False
-        self.ensure_table(table)
-        df = source if hasattr(source, "sparkSession") else self.spark.createDataFrame(
-            _as_reader(source, merge_source_schema(table)).read_all().to_pandas())
-        self.spark.conf.set("spark.databricks.delta.write.txnAppId", self.app_id)
-        self.spark.conf.set("spark.databricks.delta.write.txnVersion", str(batch_seq))
-        target = SparkDeltaTable.forPath(self.spark, self.state_uri(table))
-        cond = " AND ".join(f"t.{k} = s.{k}" for k in MERGE_KEY)
-        cols = {f"`{n}`": f"s.`{n}`" for n in state_arrow_schema(table).names}
-        (target.alias("t").merge(df.alias("s"), cond)
-               .whenMatchedDelete(condition=f"s.{DELETE_FLAG}")
-               .whenMatchedUpdate(set=cols)
-               .whenNotMatchedInsert(condition=f"NOT s.{DELETE_FLAG}", values=cols)
-               .execute())
-        return True

