@@ -8,4 +8,4 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 [ -x .venv/bin/python ] || { echo "demo: .venv missing: run bash scripts/setup.sh first" >&2; exit 1; }
-exec .venv/bin/python -m cdc_lib.demo "$@"
+exec .venv/bin/python -m cdc_lib.cli demo "$@"

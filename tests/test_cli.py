@@ -246,7 +246,7 @@ def test_every_option_of_every_subcommand_has_help_text():
 
     from cdc_lib.cli.agent import build_parser as agent_parser
     from cdc_lib.cli.main import build_parser
-    from cdc_lib.demo.run import build_parser as demo_parser
+    from cdc_lib.cli.demo import build_parser as demo_parser
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     for name, parser in (("inspect", sub.choices["inspect"]), ("agent", agent_parser()), ("demo", demo_parser())):
         for action in parser._actions:

@@ -30,7 +30,7 @@ def demo(tmp_path_factory):
     """One demo run, as `bash scripts/demo.sh` runs it (default workdir ./cdc-demo), with a small workload."""
     cwd = tmp_path_factory.mktemp("newcomer")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
-    p = subprocess.run([sys.executable, "-m", "cdc_lib.demo", "--mutations", "300"], cwd=cwd, env=env,
+    p = subprocess.run([sys.executable, "-m", "cdc_lib.cli", "demo", "--mutations", "300"], cwd=cwd, env=env,
                        capture_output=True, text=True, timeout=1800)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     return cwd, p.stdout, p.stderr, env

@@ -1,4 +1,5 @@
-"""The ``cassandra-cdc`` command: ``inspect`` (``main``), ``agent`` (``agent``), ``demo`` (``cdc_lib.demo``)."""
+"""The ``cassandra-cdc`` command: ``inspect`` (``main``), ``agent`` (``agent``) and ``demo`` (``demo``; the demo
+itself is ``cdc_lib.demo``)."""
 from .main import main
 
 __all__ = ["main"]

@@ -247,7 +247,7 @@ def main(argv=None) -> int:
         from .agent import agent_main
         return agent_main(argv[1:])
     if argv and argv[0] == "demo":
-        from cdc_lib.demo.run import demo_main
+        from .demo import demo_main
         return demo_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:

@@ -1,4 +1,4 @@
-"""The main job on embedded defaults: ``python -m cdc_lib.demo`` / ``cassandra-cdc demo`` / ``scripts/demo.sh``.
+"""The main job on embedded defaults: ``cassandra-cdc demo`` / ``scripts/demo.sh`` (command line: ``cli.demo``).
 
 1. Generates what a 3-node, RF 3 cluster writes for the sample schema (``demo.workload.SAMPLE_SCHEMA_CQL``): one
    fake ``cdc_raw`` per node with completed segments (``_cdc.idx`` COMPLETED), so replica copies, out-of-order
@@ -462,38 +462,3 @@ def run_demo(n_mutations: int = 2000, workdir: Path = DEFAULT_WORKDIR, seed: int
             shutil.rmtree(work, ignore_errors=True)
 
 
-def build_parser():
-    from cdc_lib.cli import exits
-    p = exits.ArgumentParser(
-        prog="cassandra-cdc demo",
-        description="Run the whole pipeline on embedded defaults: generated segments of a 3-node RF 3 cluster, the "
-                    "node agents, an S3 server (SeaweedFS), the real Airflow DAGs (airflow dags test, local Spark "
-                    "and Delta) and a Kafka broker (Tansu), all on 127.0.0.1. It prints what each step does and how "
-                    "long it takes, events read back from Kafka and a query of a Delta table, then stops what it "
-                    "started and keeps its files in the workdir.")
-    p.add_argument("--mutations", type=int, default=2000, help="generated writes, each on 3 replicas (2000)")
-    p.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR,
-                   help="where the demo's files go and stay: segments, the S3 and Airflow data, and a local copy "
-                        "of the store to query (default: ./cdc-demo; an earlier demo's workdir is replaced)")
-    p.add_argument("--clean", action="store_true", help="delete the workdir at the end")
-    p.add_argument("--seed", type=int, default=7, help="seed of the generated workload (7): same seed, same writes")
-    p.add_argument("--max-segments", type=int, default=16, help="segments per batch, a DAG param (16)")
-    return p
-
-
-def demo_main(argv=None) -> int:
-    from cdc_lib.cli import exits
-    a = build_parser().parse_args(argv)
-    try:
-        run_demo(a.mutations, a.workdir, a.seed, a.max_segments, a.clean)
-    except KeyboardInterrupt:
-        _say("interrupted: everything started was stopped")
-        return exits.INTERRUPTED
-    except Exception as e:  # noqa: BLE001 - a failed step: say which, with its log, not a traceback
-        print(f"cassandra-cdc demo: failed: {e}", file=sys.stderr)
-        return exits.FAILED
-    return exits.OK
-
-
-if __name__ == "__main__":
-    sys.exit(demo_main())
