@@ -458,5 +458,6 @@ class PipelineConfig:
 
 # Each consumer's YAML section; every key of every consumer is a known key for the others (one shared file).
 SECTIONS = {AgentConfig: "agent", PipelineConfig: "pipeline"}
-# CASSANDRA_CDC_ variables that are not settings of a consumer (read where they are used).
-OTHER_ENV = frozenset()
+# CASSANDRA_CDC_ variables that are not settings of a consumer (read where they are used):
+# CASSANDRA_CDC_NATIVE (0, 1 or auto) chooses the compiled core or pure Python (cdc_lib.celllog.native).
+OTHER_ENV = frozenset({"CASSANDRA_CDC_NATIVE"})

@@ -33,16 +33,25 @@ from cdc_lib.cql.system_schema import SYSTEM_KEYSPACES
 from .reader import SYSTEM_TABLE_NOT_IN_SCHEMA
 from .schema import CELL_LOG_SCHEMA
 
+ENV = "CASSANDRA_CDC_NATIVE"
+API = 1                 # the cdc_native API this code speaks (``API`` in native/src/lib.rs)
+
 try:  # the compiled module is optional: without it the package is pure Python
     import cdc_native as _native
-except ImportError:  # pragma: no cover - depends on the build
+except ImportError:
     _native = None
-
-ENV = "CASSANDRA_CDC_NATIVE"
+    _missing = "the compiled module cdc_native is not installed"
+else:
+    if getattr(_native, "API", None) != API:     # built from other sources than this checkout's native/
+        _missing = (f"the installed cdc_native speaks API {getattr(_native, 'API', None)}, this code {API} "
+                    "(rebuild it: scripts/setup.sh)")
+        _native = None
+        import logging
+        logging.getLogger(__name__).warning("%s: running pure Python", _missing)
 
 
 def native_available() -> bool:
-    """Whether the compiled module ``cdc_native`` is installed."""
+    """Whether the compiled module ``cdc_native`` is installed (and built from these sources' API)."""
     return _native is not None
 
 
@@ -53,8 +62,8 @@ def use_native() -> bool:
         return False
     if mode == "1":
         if _native is None:
-            raise ImportError(f"{ENV}=1 but the compiled module cdc_native is not installed: run scripts/setup.sh "
-                              f"(it needs cargo), or set {ENV}=0 or auto for the pure-Python path")
+            raise ImportError(f"{ENV}=1 but {_missing}: run scripts/setup.sh (it needs cargo), or set {ENV}=0 "
+                              "or auto for the pure-Python path")
         return True
     if mode not in ("", "auto"):
         raise ValueError(f"{ENV} must be 0, 1 or auto, not {mode!r}")

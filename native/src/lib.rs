@@ -129,6 +129,10 @@ fn slice_of(b: &PyBuffer<u8>) -> &[u8] {
     unsafe { std::slice::from_raw_parts(b.buf_ptr() as *const u8, b.len_bytes()) }
 }
 
+/// What `cdc_lib` expects of this module: bumped whenever a class or function changes, so that a module built
+/// from older sources is not used by newer Python code (`cdc_lib.celllog.native`).
+const API: u32 = 1;
+
 const EV_END: u8 = 0;
 const EV_BATCH: u8 = 1;
 const EV_DAMAGE: u8 = 2;
@@ -445,5 +449,6 @@ fn cdc_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MODE_UNKNOWN", decode::MODE_UNKNOWN)?;
     m.add("MODE_SYSTEM_UNKNOWN", decode::MODE_SYSTEM_UNKNOWN)?;
     m.add("VERSION", env!("CARGO_PKG_VERSION"))?;
+    m.add("API", API)?;
     Ok(())
 }
