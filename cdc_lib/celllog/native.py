@@ -28,9 +28,8 @@ import uuid
 
 import pyarrow as pa
 
-from cdc_lib.cql.system_schema import SYSTEM_KEYSPACES
+from cdc_lib.cql.system_schema import SYSTEM_KEYSPACES, SYSTEM_TABLE_NOT_IN_SCHEMA
 
-from .reader import SYSTEM_TABLE_NOT_IN_SCHEMA
 from .schema import CELL_LOG_SCHEMA
 
 ENV = "CASSANDRA_CDC_NATIVE"

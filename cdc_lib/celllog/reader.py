@@ -13,13 +13,11 @@ import gc
 import logging
 import uuid
 
-from cdc_lib.cql.system_schema import SYSTEM_KEYSPACES, is_system_table_id
+from cdc_lib.cql.system_schema import SYSTEM_KEYSPACES, SYSTEM_TABLE_NOT_IN_SCHEMA, is_system_table_id
 
 from .records import mutation_records
 
 log = logging.getLogger(__name__)
-
-SYSTEM_TABLE_NOT_IN_SCHEMA = object()     # a system table id the schema does not describe (``table_of``)
 
 
 def read_cell_log(paths, schema=None, *, schema_from_log: bool = False, keys=None, batch_rows: int = 65536,
