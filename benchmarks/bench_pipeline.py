@@ -4,8 +4,8 @@ claim -> Spark job -> Kafka -> archive, on the embedded servers (SeaweedFS, Apac
     .venv/bin/python benchmarks/bench_pipeline.py [--mutations 5000] [--max-segments 64] [--airflow] [--cluster]
 
 Prints events/s end to end, the share of each step (Spark start-up, the Spark job, publish, archive), the
-Spark job's own stages (``merge_batch.LAST_TIMINGS`` summed over batches: where it ran, driver or Spark tasks,
-and parse / group / reconcile / outbox / state MERGE seconds; in-process runs only), a single-process
+Spark job's own stages (``spark.merge_job.LAST_TIMINGS`` summed over batches: where it ran, driver or Spark
+tasks, and parse / group / reconcile / outbox / state MERGE seconds; in-process runs only), a single-process
 profile of the Spark job's three phases (decode, reconcile, Delta write: the same functions the executors
 run, timed without Spark), and the latency from "segment uploaded" to "event in Kafka" (Kafka's
 record timestamp minus the time the agent finished uploading the segment the event came from).
@@ -39,6 +39,7 @@ from cdc_lib.agent.shipper import Agent  # noqa: E402
 from cdc_lib.demo.servers import run_kafka_broker, run_s3_server, run_spark_cluster  # noqa: E402
 from cdc_lib.demo.workload import SAMPLE_SCHEMA_CQL, Workload, sample_schema, write_cluster_segments  # noqa: E402
 from cdc_lib.settings import AgentConfig  # noqa: E402
+from cdc_lib.spark import merge_job  # noqa: E402
 
 
 def _profile_phases(paths: list, schema, now: int, work: Path) -> dict:
@@ -162,7 +163,7 @@ def main(argv=None) -> int:
         ship_s = time.perf_counter() - t_ship
 
         steps = {"spark_start": 0.0, "claim": 0.0, "spark_job": 0.0, "publish": 0.0, "archive": 0.0}
-        job_stages: dict = {}       # merge_batch.LAST_TIMINGS summed over batches (in-process runs)
+        job_stages: dict = {}       # merge_job.LAST_TIMINGS summed over batches (in-process runs)
         modes: list = []
         t_run = time.perf_counter()
         if a.airflow:
@@ -186,7 +187,6 @@ def main(argv=None) -> int:
                 if b.empty:
                     break
                 t0 = time.perf_counter()
-                from cdc_lib.spark import merge_job
                 merge_job.LAST_TIMINGS.clear()
                 b = P.transform(cfg, b)
                 steps["spark_job"] += time.perf_counter() - t0

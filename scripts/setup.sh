@@ -69,6 +69,27 @@ else
     echo "$want" > "$STAMP"
 fi
 
+# --- 3b. the compiled core (cdc_native): native/, a Rust crate built by maturin (pinned in native/pyproject.toml,
+# fetched from PyPI by pip for the build) with the crates pinned in native/Cargo.lock. Optional: without cargo the
+# package runs pure Python (same output, slower). Built once, then only when native/ changes (its hash is stamped
+# in the venv). CASSANDRA_CDC_NATIVE=1 makes a missing Rust toolchain an error here (and at run time).
+NATIVE_STAMP="$VENV/.cassandra-cdc-native"
+native_want="$(cd native && cat Cargo.toml Cargo.lock pyproject.toml $(find src -name '*.rs' | LC_ALL=C sort) \
+               | sha256sum | cut -d' ' -f1)"
+if [ -f "$NATIVE_STAMP" ] && [ "$(cat "$NATIVE_STAMP")" = "$native_want" ] && "$VPY" -c 'import cdc_native' 2>/dev/null; then
+    log "compiled core up to date (native/ unchanged since it was built)"
+elif command -v cargo >/dev/null; then
+    log "building the compiled core (native/, Rust) with maturin: about a minute of CPU the first time"
+    start=$SECONDS
+    pip_install ./native || die "could not build native/ (see above); CASSANDRA_CDC_NATIVE=0 runs without it"
+    echo "$native_want" > "$NATIVE_STAMP"
+    log "compiled core built in $((SECONDS - start)) s"
+elif [ "${CASSANDRA_CDC_NATIVE:-auto}" = "1" ]; then
+    die "CASSANDRA_CDC_NATIVE=1 but there is no cargo to build the compiled core (https://rustup.rs)"
+else
+    log "no cargo: the compiled core is not built; the package runs pure Python (https://rustup.rs to build it)"
+fi
+
 # --- 4. Java >= 17 for pyspark 4 (local mode)
 java_major() { java -version 2>&1 | sed -n 's/.*version "\([0-9]*\)[."].*/\1/p' | head -n1; }
 if ! command -v java >/dev/null || [ "$(java_major)" -lt 17 ] 2>/dev/null; then

@@ -49,6 +49,15 @@ def test_a_key_no_consumer_has_is_an_error_naming_it(tmp_path, consumer, yaml_te
         settings.load(consumer, env=env, config_file=yml)
 
 
+@pytest.mark.parametrize("consumer", [AgentConfig, PipelineConfig])
+def test_the_native_switch_is_no_setting_but_no_error_either(tmp_path, consumer):
+    """CASSANDRA_CDC_NATIVE chooses the compiled core (cdc_lib.celllog.native): not a consumer setting."""
+    yml = tmp_path / "cdc.yaml"
+    yml.write_text(SHARED)
+    got = settings.load(consumer, env={"CASSANDRA_CDC_NATIVE": "1"}, config_file=yml)
+    assert got.cluster == "main" and not hasattr(got, "native")
+
+
 def test_another_consumers_section_is_its_own_business(tmp_path):
     yml = tmp_path / "cdc.yaml"
     yml.write_text(SHARED.replace("topic_prefix", "topic_prefx"))

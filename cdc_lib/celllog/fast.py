@@ -196,6 +196,8 @@ def decode_into(log: FastCellLog, buf: bytes, schema, mv: int, segment: str, seg
         p += 1
         if flags & 0x01:
             continue
+        if flags & 0x02:
+            raise ValueError("reversed partition update")
         # encoding stats
         u, p = _read_uvint(buf, p)
         ts0 = ((u + _TS_EPOCH + _B63) & _M64) - _B63
@@ -209,7 +211,8 @@ def decode_into(log: FastCellLog, buf: bytes, schema, mv: int, segment: str, seg
         regular_cols, p = _header(buf, p, lay, False)
         if flags & 0x04:
             dts, dldt, p = decode_deletion(buf, p, ts0, ldt0, unsigned_ldt)
-            rows_append((uidx, b"", None, None, None, False, _PDEL, None, None, None, dts, 0, dldt))
+            if dts != _NO_TS:                       # a deletion at Long.MIN_VALUE deletes nothing: LIVE
+                rows_append((uidx, b"", None, None, None, False, _PDEL, None, None, None, dts, 0, dldt))
         cfixed = lay.clustering_fixed
         ncl = len(cfixed)
         markers = []
@@ -232,6 +235,8 @@ def decode_into(log: FastCellLog, buf: bytes, schema, mv: int, segment: str, seg
                 kind_ord = buf[p]
                 size = (buf[p + 1] << 8) | buf[p + 2]
                 p += 3
+                if size > ncl:
+                    raise ValueError("bound longer than the clustering")
                 values, p = decode_clustering_values(buf, p, cfixed, size)
                 d1ts, d1ldt, p = decode_deletion(buf, p, ts0, ldt0, unsigned_ldt)
                 if kind_ord == 2 or kind_ord == 5:
@@ -270,14 +275,14 @@ def decode_into(log: FastCellLog, buf: bytes, schema, mv: int, segment: str, seg
                         raise ValueError("range opened twice")
                     open_ = (values, kind_ord == 1, d1)
                 elif kind_ord == 2 or kind_ord == 5:
-                    if open_ is None:
+                    if open_ is None or open_[2] != d1:
                         raise ValueError("boundary without open range")
                     end_incl = kind_ord == 5
                     rows_append((uidx, encode_clustering(open_[0]), encode_clustering(values), open_[1],
                                  end_incl, False, _RT, None, None, None, d1[0], 0, d1[1]))
                     open_ = (values, not end_incl, d2)
                 else:
-                    if open_ is None:
+                    if open_ is None or open_[2] != d1:
                         raise ValueError("close without open range")
                     rows_append((uidx, encode_clustering(open_[0]), encode_clustering(values), open_[1],
                                  kind_ord == 6, False, _RT, None, None, None, open_[2][0], 0, open_[2][1]))
@@ -296,10 +301,11 @@ def decode_row_body(rows_append, buf, p: int, end: int, flags_r: int, ext: int, 
     SSTable loop (``cdc_lib.sstable.fast``), as the byte layout is the same; ``header_cols`` holds
     (name, is_complex, fixed_length) per header column. Returns the position after the row."""
     no_ldt_read = _M32 if unsigned_ldt else _NO_LDT
+    has_lv = flags_r & 0x04                  # the row's liveness, which cells may take their timestamp/TTL from
     lts = _NO_TS
     lttl = 0
     lldt = no_ldt_read
-    if flags_r & 0x04:
+    if has_lv:
         u, p = _read_uvint(buf, p)
         lts = ((u + ts0 + _B63) & _M64) - _B63
         if flags_r & 0x08:
@@ -308,13 +314,14 @@ def decode_row_body(rows_append, buf, p: int, end: int, flags_r: int, ext: int, 
             u, p = _read_uvint(buf, p)
             x = (u if u < 0x80000000 else (u & _M32) - ((u & _B31) << 1)) + ldt0
             lldt = (x & _M32) if unsigned_ldt else ((x + _B31) & _M32) - _B31
-            rows_append((uidx, cl, None, None, None, is_static, _LIVE, None, None, None, lts, lttl, lldt))
-        else:
-            rows_append((uidx, cl, None, None, None, is_static, _LIVE, None, None, None, lts, 0, _NO_LDT))
+        if lts != _NO_TS:                    # a liveness without a timestamp is no row marker
+            rows_append((uidx, cl, None, None, None, is_static, _LIVE, None, None, None, lts, lttl,
+                         lldt if lttl else _NO_LDT))
     if flags_r & 0x10:
         rts, rldt, p = decode_deletion(buf, p, ts0, ldt0, unsigned_ldt)
-        rows_append((uidx, cl, None, None, None, is_static, _RDELS if ext & 0x02 else _RDEL, None,
-                     None, None, rts, 0, rldt))
+        if rts != _NO_TS:                    # a deletion at Long.MIN_VALUE deletes nothing: LIVE
+            rows_append((uidx, cl, None, None, None, is_static, _RDELS if ext & 0x02 else _RDEL, None,
+                         None, None, rts, 0, rldt))
     if flags_r & 0x20:
         row_cols = header_cols
     else:
@@ -326,20 +333,24 @@ def decode_row_body(rows_append, buf, p: int, end: int, flags_r: int, ext: int, 
             if u >> nh:
                 raise ValueError("bad subset")
             row_cols = [c for i, c in enumerate(header_cols) if not (u >> i) & 1]
-        else:
+        else:                                # large subset: ascending indexes of the present or absent columns
             count = nh - u
-            if count < nh // 2:
-                present = set()
-                for _ in range(count):
-                    v, p = _read_uvint(buf, p)
-                    present.add(v)
+            if count < 0:
+                raise ValueError("bad subset")
+            listed_present = count < nh // 2
+            listed = []
+            last = -1
+            for _ in range(count if listed_present else u):
+                v, p = _read_uvint(buf, p)
+                if v <= last or v >= nh:
+                    raise ValueError("bad subset")
+                listed.append(v)
+                last = v
+            if listed_present:
+                row_cols = [header_cols[i] for i in listed]
             else:
-                absent = set()
-                for _ in range(u):
-                    v, p = _read_uvint(buf, p)
-                    absent.add(v)
-                present = set(range(nh)) - absent
-            row_cols = [c for i, c in enumerate(header_cols) if i in present]
+                absent = set(listed)
+                row_cols = [c for i, c in enumerate(header_cols) if i not in absent]
     has_cdel = flags_r & 0x40
     if has_cdel:                             # complex deletions are recorded before the row's cells
         pending_cdel = []
@@ -366,7 +377,7 @@ def decode_row_body(rows_append, buf, p: int, end: int, flags_r: int, ext: int, 
             cf = buf[p]
             p += 1
             if cf & 0x08:
-                if lts == _NO_TS:
+                if not has_lv:
                     raise ValueError("cell uses missing row timestamp")
                 cts = lts
             else:
@@ -380,7 +391,7 @@ def decode_row_body(rows_append, buf, p: int, end: int, flags_r: int, ext: int, 
             cttl = 0
             cldt = _NO_LDT
             if cf & 0x10:
-                if lttl == 0:
+                if not has_lv:
                     raise ValueError("cell uses missing row ttl")
                 cttl = lttl
                 cldt = lldt

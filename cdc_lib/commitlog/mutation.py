@@ -53,6 +53,7 @@ TIMESTAMP_EPOCH = 1442880000000000
 DELETION_TIME_EPOCH = 1442880000
 
 MESSAGING_VERSIONS = (10, 11, 12, 13)
+MAX_CLUSTERING_VALUE = 0xFFFF    # bytes (FBUtilities.MAX_UNSIGNED_SHORT: writes of longer values are refused)
 DESCRIPTOR_MESSAGING_VERSION = {6: 11, 7: 12, 8: 13}
 
 
@@ -177,7 +178,11 @@ def read_clustering(r: Reader, types: list, size: int) -> tuple:
             values.append(b"")
         else:
             fixed = types[i].fixed_length if i < len(types) else None
-            values.append(r.take(fixed) if fixed is not None else r.vbytes())
+            v = r.take(fixed) if fixed is not None else r.vbytes()
+            if len(v) > MAX_CLUSTERING_VALUE:
+                raise MutationError(f"clustering value of {len(v)} bytes is over Cassandra's limit of "
+                                    f"{MAX_CLUSTERING_VALUE}", position=r.pos)
+            values.append(v)
     return tuple(values)
 
 
@@ -191,19 +196,25 @@ def _read_subset(r: Reader, superset: tuple) -> tuple:
             raise MutationError(f"column subset bitmap {v:#x} names columns beyond the {n} in the header",
                                 position=r.pos)
         return tuple(c for i, c in enumerate(superset) if not (v >> i) & 1)
+    # Large subsets (Columns.Serializer.deserializeLargeSubset): the number of missing columns, then the
+    # indexes of the present columns when they are fewer than half, else those of the missing ones. The writer
+    # lists them in ascending order; Cassandra's reader relies on that for the missing ones (it skips the
+    # column at its cursor whatever index is read), so any other order, a repeat or an index past the header
+    # is damage in either list.
     missing = v
     count = n - missing
     if count < 0:
         raise MutationError(f"column subset misses {missing} of {n} columns", position=r.pos)
+    listed = [r.uvint() for _ in range(count if count < n // 2 else missing)]
+    for a, b in zip(listed, listed[1:] + [n]):
+        if a >= b:
+            raise MutationError(f"column subset indexes {listed} are not ascending indexes of the {n} columns",
+                                position=r.pos)
     if count < n // 2:
-        idx = [r.uvint() for _ in range(count)]
-        present = set(idx)
-    else:
-        absent = {r.uvint() for _ in range(missing)}
-        present = set(range(n)) - absent
-    if any(i >= n for i in present):
-        raise MutationError("column subset index out of range", position=r.pos)
-    return tuple(c for i, c in enumerate(superset) if i in present)
+        present = set(listed)
+        return tuple(c for i, c in enumerate(superset) if i in present)
+    absent = set(listed)
+    return tuple(c for i, c in enumerate(superset) if i not in absent)
 
 
 def _read_cell(r: Reader, t: Times, column: str, complex_: bool, fixed, liveness: LivenessInfo | None,
@@ -308,6 +319,27 @@ def read_marker_body(r: Reader, kind: BoundKind, values: tuple, t: Times) -> Ran
     return RangeTombstoneMarker(kind, values, t.deletion(r))
 
 
+def _check_marker(m: RangeTombstoneMarker, open_range, position: int):
+    """The deletion of the range open after marker ``m`` (None when none is), given the one open before it.
+
+    A partition update's markers open and close ranges in turn, a boundary closing one and opening the next;
+    a close carries the deletion of the range it closes (``MutableDeletionInfo.Builder.add`` fails otherwise).
+    Cassandra's writer never breaks these rules, so a marker that does is damage.
+    """
+    k = m.kind
+    if k.is_start:
+        if open_range is not None:
+            raise MutationError("range tombstone opened twice without a close", position=position)
+        return m.deletion
+    closes = m.end_deletion if k.is_boundary else m.deletion
+    if open_range is None:
+        raise MutationError("range tombstone closed without an open range", position=position)
+    if closes != open_range:
+        raise MutationError(f"range tombstone closed with deletion {closes}, opened with {open_range}",
+                            position=position)
+    return m.start_deletion if k.is_boundary else None
+
+
 def _read_marker(r: Reader, clustering_types: list, t: Times) -> RangeTombstoneMarker:
     kind, values = read_bound(r, clustering_types)
     return read_marker_body(r, kind, values, t)
@@ -339,17 +371,22 @@ def decode_partition_update(r: Reader, schema, messaging_version: int) -> Partit
             raise MutationError("static row lacks its IS_STATIC flag", position=r.pos)
     estimate = r.uvint32() if flags & P_HAS_ROW_ESTIMATE else None
     unfiltereds = []
+    open_range = None          # the deletion of the range tombstone open at this point
     while True:
         f = r.u8()
         if f & R_END_OF_PARTITION:
             break
         if f & R_IS_MARKER:
-            unfiltereds.append(_read_marker(r, clustering_types, t))
+            marker = _read_marker(r, clustering_types, t)
+            open_range = _check_marker(marker, open_range, r.pos)
+            unfiltereds.append(marker)
         else:
             row = _read_row(r, f, table, regular_cols, clustering_types, t, messaging_version)
             if row.is_static:
                 raise MutationError("static row among clustering rows", position=r.pos)
             unfiltereds.append(row)
+    if open_range is not None:
+        raise MutationError("range tombstone left open at the end of the partition", position=r.pos)
     return PartitionUpdate(table_id, key, table, pdel, static_row, unfiltereds, static_cols, regular_cols,
                            stats, estimate)
 

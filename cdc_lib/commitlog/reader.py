@@ -14,7 +14,7 @@ from cdc_lib.errors import CdcError, FormatError, UnknownTableError
 
 from .model import Mutation, mutation_id
 from .mutation import decode_mutation
-from .segment import Damage, LogEntry, SegmentReader
+from .segment import Damage, LogEntry, SegmentReader, segment_sources
 
 
 class SchemaSource:
@@ -85,13 +85,14 @@ def read_mutations(paths: Iterable, schema=None, *, schema_from_log: bool = Fals
                    source: SchemaSource | None = None) -> Iterator[Union[Mutation, Damage]]:
     """Mutations and damage records of ``paths`` in order (segment ids ascending as given).
 
+    ``paths``: one segment or an iterable of them, each a path (str, bytes or os.PathLike) or a segment's bytes
+    (``segment.is_segment_bytes``).
+
     ``strict``: raise the first damage (``Damage.is_damage``) as a ``SegmentError`` instead of yielding it;
     entries of tables the schema does not know are still yielded as ``unknown_table`` records.
     """
-    if isinstance(paths, (str, bytes)) or hasattr(paths, "__fspath__"):
-        paths = [paths]
     src = source or schema_source(schema, schema_from_log)
-    for path in paths:
+    for path in segment_sources(paths):
         reader = SegmentReader(path, keys=keys, strict=strict, start=start, stop=stop)
         for rec in reader:
             if isinstance(rec, Damage):

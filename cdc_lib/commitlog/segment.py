@@ -20,6 +20,8 @@ Error policy (§3.4), tolerant by default, ``strict=True`` raises the first prob
 * an entry whose mutation CRC fails is reported and skipped; reading goes on with the next entry;
 * a bad entry size/size CRC, or a section that cannot be decompressed/decrypted, is reported with the rest of
   that section's bytes, and reading resumes at the next section;
+* a compressed/encrypted section whose length field is negative is reported with the rest of the file: the
+  logical positions of every later entry depend on that length;
 * a damaged sync marker (valid CRC is not found) is reported with the rest of the file: without a valid marker
   there is no safe way to find the next section.
 
@@ -27,6 +29,7 @@ Files are read section by section (memory-mapped when uncompressed), so memory d
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import mmap
 import os
@@ -149,23 +152,42 @@ def read_header(buf, name: str = "<segment>") -> SegmentHeader:
     return SegmentHeader(version, seg_id, params, 18 + plen)
 
 
+def is_segment_bytes(source) -> bool:
+    """Whether ``source`` is a segment's contents rather than its path.
+
+    A bytearray or memoryview is contents. ``bytes`` is a path when it can be one, as ``open`` takes bytes paths:
+    non-empty and without a NUL byte. Every segment begins with NUL bytes (its version, a big-endian int), so
+    the two never overlap.
+    """
+    if isinstance(source, (bytearray, memoryview)):
+        return True
+    return isinstance(source, bytes) and (not source or b"\0" in source)
+
+
+def segment_sources(paths) -> list:
+    """The segments of a ``paths`` argument: one path or segment's bytes, or an iterable of them."""
+    if isinstance(paths, (str, bytes, bytearray, memoryview)) or hasattr(paths, "__fspath__"):
+        return [paths]
+    return list(paths)
+
+
 class SegmentReader:
     """Iterate a segment's entries and damage records, in file order.
 
-    ``source`` is a path or the segment's bytes (then give ``name``). ``start``: skip entries ending at or
-    before this logical position (the last position already processed); ``stop``: read only entries that end
-    at or before it (the synced offset from ``_cdc.idx`` for a live segment). ``keys`` are the
+    ``source`` is a path or the segment's bytes (then give ``name``; see ``is_segment_bytes``). ``start``: skip
+    entries ending at or before this logical position (the last position already processed); ``stop``: read only
+    entries that end at or before it (the synced offset from ``_cdc.idx`` for a live segment). ``keys`` are the
     ``commitlog.encryption.EncryptionKeys`` for encrypted segments.
     """
 
     def __init__(self, source, *, name: str | None = None, keys=None, start: int | None = None,
                  stop: int | None = None, strict: bool = False):
         self._path = None
-        if isinstance(source, (bytes, bytearray, memoryview)):
+        if is_segment_bytes(source):
             self._buf = source
             self.name = name or "<bytes>"
         else:
-            self._path = os.fspath(source)
+            self._path = os.fsdecode(source)        # a str path also when given as bytes
             self.name = name or os.path.basename(self._path)
             self._buf = None
         self.keys = keys
@@ -173,6 +195,7 @@ class SegmentReader:
         self.stop = stop
         self.strict = strict
         self.header: Optional[SegmentHeader] = None
+        self.codec = None                  # the sections' compressor (``begin``)
         self.damaged = False
         self.entries = 0
 
@@ -188,17 +211,24 @@ class SegmentReader:
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         return mm, mm, f
 
-    def __iter__(self) -> Iterator[Record]:
+    @contextlib.contextmanager
+    def mapped(self):
+        """The segment's bytes (memory-mapped when it is a file) while the block runs."""
         buf, mm, f = self._open()
         try:
-            yield from self._read(buf)
+            yield buf
         finally:
             if mm is not None:
                 mm.close()
             if f is not None:
                 f.close()
 
-    def _damage(self, position: int, kind: str, reason: str, data=b"", physical=None) -> Damage:
+    def __iter__(self) -> Iterator[Record]:
+        with self.mapped() as buf:
+            yield from self._read(buf)
+
+    def damage(self, position: int, kind: str, reason: str, data=b"", physical=None) -> Damage:
+        """A Damage record of this segment (raised as ``SegmentError`` instead when ``strict``)."""
         d = Damage(self.name, position, kind, reason, bytes(data), physical)
         self.damaged = True
         if self.strict:
@@ -206,38 +236,47 @@ class SegmentReader:
         return d
 
     # -- sections ----------------------------------------------------------------------------------------
-    def _read(self, buf) -> Iterator[Record]:
-        self._ended = False
+    def begin(self, buf) -> Optional[Damage]:
+        """Read the header (``self.header``) and set up the section codec; a Damage when no section can be read.
+
+        The compiled reader (``celllog.native``) calls this, walks the sections itself and comes back here for
+        each compressed or encrypted section (``section_bytes``, ``torn_section_bytes``, ``section_failed``).
+        """
         try:
             header = read_header(buf, self.name)
         except SegmentError as e:
             if self.strict:
                 raise
             self.damaged = True
-            yield Damage(self.name, e.position or 0, "header", e.reason, bytes(buf))
-            return
+            return Damage(self.name, e.position or 0, "header", e.reason, bytes(buf))
         self.header = header
         try:
             _, name_id = parse_segment_name(self.name)
             if name_id != header.id:
-                d = self._damage(0, "header", f"segment id mismatch: file name says {name_id}, "
-                                              f"header says {header.id}", buf)
-                yield d
-                return
+                return self.damage(0, "header", f"segment id mismatch: file name says {name_id}, "
+                                                f"header says {header.id}", buf)
         except SegmentError:
             pass  # bytes given without a proper file name: nothing to compare
+        self.codec = None
+        if header.compression_class is not None:
+            from .compression import compressor_for
+            try:
+                self.codec = compressor_for(header.compression_class, header.params.get("compressionParameters"))
+            except CdcError as e:       # e.g. a compressor this reader does not know: no section can be read
+                return self.damage(0, "header", f"cannot read its sections: {e}", buf)
+        return None
+
+    def _read(self, buf) -> Iterator[Record]:
+        self._ended = False
+        d = self.begin(buf)
+        if d is not None:
+            yield d
+            return
+        header = self.header
         seg_id = header.id
         id_lo, id_hi = seg_id & wire.MASK32, (seg_id >> 32) & wire.MASK32
         compressed = header.compression_class is not None
         encrypted = header.encrypted
-        codec = None
-        if compressed:
-            from .compression import compressor_for
-            try:
-                codec = compressor_for(header.compression_class, header.params.get("compressionParameters"))
-            except CdcError as e:       # e.g. a compressor this reader does not know: no section can be read
-                yield self._damage(0, "header", f"cannot read its sections: {e}", buf)
-                return
         n = len(buf)
         pos = header.size
         logical = header.size
@@ -247,14 +286,14 @@ class SegmentReader:
             if crc != wire.crc32_ints(id_lo, id_hi, pos):
                 if nxt == 0 and crc == 0:
                     return                                     # zeroed marker: clean end
-                yield self._damage(logical, "bad_marker",
-                                   f"sync marker CRC mismatch at file offset {pos}", buf[pos:], pos)
+                yield self.damage(logical, "bad_marker",
+                                  f"sync marker CRC mismatch at file offset {pos}", buf[pos:], pos)
                 return
             if self.stop is not None and logical >= self.stop:
                 return
             if nxt < pos + SYNC_MARKER_SIZE:
-                yield self._damage(logical, "bad_marker", f"sync marker at {pos} points back to {nxt}",
-                                   buf[pos:], pos)
+                yield self.damage(logical, "bad_marker", f"sync marker at {pos} points back to {nxt}",
+                                  buf[pos:], pos)
                 return
             cut = None
             if nxt > n:
@@ -270,21 +309,21 @@ class SegmentReader:
             # compressed / encrypted: i32 uncompressed length, then the payload
             if nxt < pos + 12 or n < pos + 12:
                 if cut:
-                    yield self._damage(logical + SYNC_MARKER_SIZE, "torn_tail",
-                                       f"the file ends inside the section header; {cut.reason}", buf[pos:n], pos)
+                    yield self.damage(logical + SYNC_MARKER_SIZE, "torn_tail",
+                                      f"the file ends inside the section header; {cut.reason}", buf[pos:n], pos)
                 else:
-                    yield self._damage(logical, "bad_marker", f"section at {pos} too short for its length field",
-                                       buf[pos:nxt], pos)
+                    yield self.damage(logical, "bad_marker", f"section at {pos} too short for its length field",
+                                      buf[pos:nxt], pos)
                 return
             ulen = wire.be_i32(buf, pos + 8)
             section_logical = logical + SYNC_MARKER_SIZE
             if ulen < 0:
-                yield self._damage(section_logical, "bad_entry", f"negative section length {ulen} at {pos}",
-                                   buf[pos:nxt], pos)
-                if cut:
-                    return
-                pos = nxt
-                continue
+                # The logical offsets of everything after this section depend on its uncompressed length: with
+                # it lost, no later entry could be given its true position, so the rest of the file is kept.
+                yield self.damage(section_logical, "bad_entry", f"negative section length {ulen} at {pos}: the "
+                                  "positions of the rest of the segment are unknown; rest of the file kept",
+                                  buf[pos:n], pos)
+                return
             payload = bytes(buf[pos + 12:min(nxt, n)])
             if self.start is not None and section_logical + ulen <= self.start:
                 if cut:
@@ -293,14 +332,14 @@ class SegmentReader:
                 logical = section_logical + ulen
                 continue
             if cut:
-                yield from self._torn_section(buf, pos, payload, ulen, section_logical, codec, cut)
+                data, reason = self.torn_section_bytes(payload, ulen, cut.reason)
+                yield from self._entries(data, 0, len(data), section_logical,
+                                         _Cut(reason, bytes(buf[pos:n]), pos))
                 return
             try:
-                data = self._decode_section(payload, ulen, codec)
+                data = self.section_bytes(payload, ulen)
             except CdcError as e:
-                kind = "encryption" if encrypted else "compression"
-                yield self._damage(section_logical, kind, f"section at file offset {pos}: "
-                                   f"{getattr(e, 'reason', str(e))}", buf[pos:nxt], pos)
+                yield self.section_failed(buf, pos, nxt, section_logical, e)
                 pos = nxt
                 logical = section_logical + ulen
                 continue
@@ -311,15 +350,22 @@ class SegmentReader:
             logical = section_logical + ulen
         if pos < n and any(buf[pos:n]):
             # Fewer than 8 bytes left and not all zero: the file was cut inside a sync marker.
-            yield self._damage(logical, "torn_tail", f"the file ends inside the sync marker at file offset {pos} "
-                               f"({n - pos} of its 8 bytes)", buf[pos:n], pos)
+            yield self.damage(logical, "torn_tail", f"the file ends inside the sync marker at file offset {pos} "
+                              f"({n - pos} of its 8 bytes)", buf[pos:n], pos)
 
-    def _decode_section(self, payload: bytes, ulen: int, codec) -> bytes:
+    def section_bytes(self, payload: bytes, ulen: int) -> bytes:
+        """The entry bytes of a compressed or encrypted section (raises the codec's ``CdcError``)."""
         header = self.header
         if header.encrypted:
             from .encryption import decrypt_section
             return decrypt_section(payload, ulen, header.params, self._keys_for(header))
-        return b"" if ulen == 0 else codec.decompress(payload, ulen)
+        return b"" if ulen == 0 else self.codec.decompress(payload, ulen)
+
+    def section_failed(self, buf, pos: int, nxt: int, section_logical: int, error: CdcError) -> Damage:
+        """The Damage of a section that cannot be decompressed or decrypted (its file bytes kept)."""
+        kind = "encryption" if self.header.encrypted else "compression"
+        return self.damage(section_logical, kind, f"section at file offset {pos}: "
+                           f"{getattr(error, 'reason', str(error))}", buf[pos:nxt], pos)
 
     def _keys_for(self, header: SegmentHeader):
         if self.keys is None:
@@ -328,22 +374,17 @@ class SegmentReader:
                                   f"(alias {header.params.get('encKeyAlias')!r})")
         return self.keys
 
-    def _torn_section(self, buf, pos: int, payload: bytes, ulen: int, section_logical: int, codec,
-                      cut: _Cut) -> Iterator[Record]:
-        """The entries a compressed/encrypted section cut by the end of the file still holds, then the damage."""
+    def torn_section_bytes(self, payload: bytes, ulen: int, cut_reason: str) -> tuple:
+        """What the codec decodes of a compressed/encrypted section cut by the end of the file, and the reason
+        of the torn-tail damage that follows its whole entries: (entry bytes, reason)."""
         header = self.header
         try:
             if header.encrypted:
                 from .encryption import decrypt_section_prefix
-                data = decrypt_section_prefix(payload, ulen, header.params, self._keys_for(header))
-            else:
-                data = codec.decompress_prefix(payload, ulen)
-            reason = cut.reason
+                return decrypt_section_prefix(payload, ulen, header.params, self._keys_for(header)), cut_reason
+            return self.codec.decompress_prefix(payload, ulen), cut_reason
         except CdcError as e:
-            data = b""
-            reason = f"{cut.reason}; {getattr(e, 'reason', str(e))}"
-        yield from self._entries(data, 0, len(data), section_logical,
-                                 _Cut(reason, bytes(buf[pos:len(buf)]), pos))
+            return b"", f"{cut_reason}; {getattr(e, 'reason', str(e))}"
 
     _ended = False          # set by _entries at a legacy end-of-segment marker (entry size 0)
 
@@ -360,7 +401,7 @@ class SegmentReader:
 
         def torn(what: str) -> Damage:
             data, physical = (buf[p:end], None) if cut.raw is None else (cut.raw, cut.physical)
-            return self._damage(p + shift, "torn_tail", f"{what}: {cut.reason}", data, physical)
+            return self.damage(p + shift, "torn_tail", f"{what}: {cut.reason}", data, physical)
 
         while p < end:
             if stop is not None and p + shift >= stop:
@@ -370,7 +411,7 @@ class SegmentReader:
                 if cut:
                     yield torn(f"the entry at {p + shift} is cut after {end - p} bytes")
                 else:
-                    yield self._damage(p + shift, "bad_entry", f"{end - p} stray bytes at the end of a section",
+                    yield self.damage(p + shift, "bad_entry", f"{end - p} stray bytes at the end of a section",
                                        buf[p:end])
                 return
             size = wire.be_i32(buf, p)
@@ -385,7 +426,7 @@ class SegmentReader:
                 if cut:
                     yield torn(f"the entry at {p + shift} is cut after {end - p} bytes")
                 else:
-                    yield self._damage(p + shift, "bad_entry", "entry header cut by the end of the section",
+                    yield self.damage(p + shift, "bad_entry", "entry header cut by the end of the section",
                                        buf[p:end])
                 return
             size_crc = wire.be_u32(buf, p + 4)
@@ -393,7 +434,7 @@ class SegmentReader:
             if size_crc != c1 or size < MIN_ENTRY_SIZE:
                 why = (f"entry size CRC mismatch (size field {size})" if size_crc != c1
                        else f"entry size {size} is below the minimum of {MIN_ENTRY_SIZE}")
-                yield self._damage(p + shift, "bad_entry", why + "; rest of the section kept", buf[p:end])
+                yield self.damage(p + shift, "bad_entry", why + "; rest of the section kept", buf[p:end])
                 return
             entry_end = p + ENTRY_OVERHEAD + size
             position = entry_end + shift
@@ -404,13 +445,13 @@ class SegmentReader:
                 if cut:
                     yield torn(f"the entry of {size} bytes at {p + shift} is cut after {end - p - 8} bytes")
                 else:
-                    yield self._damage(p + shift, "bad_entry",
+                    yield self.damage(p + shift, "bad_entry",
                                        f"entry of {size} bytes runs past the end of its section", buf[p:end])
                 return
             data = bytes(buf[p + 8:p + 8 + size])
             stored = wire.be_u32(buf, entry_end - 4)
             if zlib.crc32(data, c1) != stored:
-                yield self._damage(p + shift, "crc_mismatch", f"mutation CRC mismatch in entry of {size} bytes",
+                yield self.damage(p + shift, "crc_mismatch", f"mutation CRC mismatch in entry of {size} bytes",
                                    buf[p:entry_end])
             elif start is None or position > start:
                 self.entries += 1

@@ -20,6 +20,9 @@ CLUSTERING = "clustering"
 STATIC = "static"
 REGULAR = "regular"
 
+# What the commit-log readers take a table id for when the pipeline does not capture the table (no cdc = true)
+NOT_CAPTURED = object()
+
 
 @dataclass(frozen=True)
 class ColumnMask:

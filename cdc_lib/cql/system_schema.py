@@ -71,6 +71,11 @@ def is_system_table_id(table_id: uuid.UUID) -> bool:
     return table_id.version == 3
 
 
+# What a table lookup gives for a system table id (``is_system_table_id``) the schema does not describe: its
+# entries are skipped as system data, not reported as an unknown table. Shared by both cell-log readers.
+SYSTEM_TABLE_NOT_IN_SCHEMA = object()
+
+
 # ----------------------------------------------------------------------------------------------------------
 # The tables of system_schema, as (column, CQL type) lists with their primary keys.
 # Every table is partitioned by keyspace_name: one keyspace's schema is one partition of each table.
