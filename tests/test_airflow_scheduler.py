@@ -231,7 +231,9 @@ def test_scheduled_runs_under_a_real_airflow(tmp_path, kafka_broker, s3_server, 
         airflow.cli("db", "migrate")
         airflow.start("api-server", "dag-processor", "scheduler")
         airflow.cli("variables", "set", P.SETTINGS_VARIABLE,        # while the servers start
-                    json.dumps({"topic_prefix": topic_prefix, "max_segments": 100, "warn_no_segments_s": 900}))
+                    # driver_batch_max_bytes 0: every stream batch on Spark, whose JVM output the logs check
+                    json.dumps({"topic_prefix": topic_prefix, "max_segments": 100, "warn_no_segments_s": 900,
+                                "driver_batch_max_bytes": 0}))
         airflow.wait("the three DAGs parsed and served",
                      lambda: set(DAG_IDS) <= {d["dag_id"] for d in airflow.api("dags")["dags"]})
         assert all(d["is_paused"] for d in airflow.api("dags")["dags"])      # every DAG is created paused

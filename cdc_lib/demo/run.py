@@ -125,6 +125,8 @@ def describe_batch(b) -> list:
               if "duration_s" in s.get(step, {})]
     if "spark_start_s" in tr:
         timing[1] += f" (Spark start {tr['spark_start_s']:.1f} s)"
+    elif tr.get("mode") == "driver":
+        timing[1] += " (in this process: a small batch needs no Spark)"
     lines.append("  " + ", ".join(timing))
     return lines
 
