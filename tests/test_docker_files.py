@@ -32,24 +32,57 @@ def test_compose_has_the_whole_stack():
         _find(services, *needles)
 
 
-def test_cassandra_runs_with_cdc_enabled_and_shares_cdc_raw_with_the_agent():
+def test_cassandra_starts_with_the_script_that_enables_cdc_and_the_agent_runs_beside_it():
     services = _compose()["services"]
     cassandra = services[_find(services, "cassandra:")]
     agent = services[_find(services, "agent")]
+    assert cassandra["image"].startswith("cassandra:5.")          # the version the tests run for real
     # cdc_enabled is switched on by the script the container starts with (mounted from docker/)
     mounts = {m.split(":")[1]: m.split(":")[0] for m in cassandra["volumes"]}
     entry = cassandra["entrypoint"][0]
     script = DOCKER / mounts[entry]
-    assert script.is_file(), script
-    assert re.search(r"cdc_enabled: true", script.read_text())
-    cdc_raw = [m.split(":")[0] for m in cassandra["volumes"] if m.split(":")[1].rstrip("/").endswith("cdc_raw")]
-    assert cdc_raw, "cassandra has no cdc_raw volume"
-    agent_vols = {m.split(":")[0]: m.split(":")[1] for m in agent["volumes"]}
-    assert cdc_raw[0] in agent_vols, "the agent sidecar does not mount cassandra's cdc_raw volume"
+    assert script == DOCKER / "cassandra" / "enable-cdc.sh" and script.is_file(), script
+    assert agent["command"][:2] == ["cassandra-cdc", "agent"]
+
+
+def _yaml_setting(script: str, name: str) -> str:
+    m = re.search(rf"^setting {name} (\S+)$", script, re.M)
+    assert m, f"enable-cdc.sh does not set {name}"
+    return m.group(1)
+
+
+def _volume_of(mounts: list, path: str) -> tuple:
+    """(volume source, path inside the volume) of the deepest mount holding ``path``."""
+    best = None
+    for m in mounts:
+        source, target = m.split(":")[0], m.split(":")[1].rstrip("/")
+        if path == target or path.startswith(target + "/"):
+            if best is None or len(target) > len(best[1]):
+                best = (source, target)
+    assert best is not None, f"{path} is on no volume"
+    return best[0], path[len(best[1]):]
+
+
+def test_commit_log_and_cdc_raw_share_one_volume_and_the_agent_sees_the_same_files():
+    """Cassandra hard-links segments from the commit log into cdc_raw: both must be on one filesystem (one
+    volume), and the agent must see cdc_raw on that same volume (it reads, then deletes what it shipped)."""
+    compose = _compose()
+    services = compose["services"]
+    cassandra = services[_find(services, "cassandra:")]
+    agent = services[_find(services, "agent")]
+    script = (DOCKER / "cassandra" / "enable-cdc.sh").read_text()
+    commitlog = _yaml_setting(script, "commitlog_directory")
+    cdc_raw = _yaml_setting(script, "cdc_raw_directory")
+    assert _yaml_setting(script, "cdc_enabled") == "true"
+    volumes = [m for m in cassandra["volumes"] if not m.startswith(".")]
+    log_volume, _ = _volume_of(volumes, commitlog)
+    raw_volume, raw_inside = _volume_of(volumes, cdc_raw)
+    assert log_volume == raw_volume and log_volume in compose["volumes"], (log_volume, raw_volume)
     cmd = agent["command"]
-    assert cmd[:2] == ["cassandra-cdc", "agent"]
-    assert cmd[cmd.index("--cdc-raw") + 1] == agent_vols[cdc_raw[0]]
-    assert cdc_raw[0] in _compose()["volumes"]
+    agent_volume, agent_inside = _volume_of(agent["volumes"], cmd[cmd.index("--cdc-raw") + 1])
+    assert (agent_volume, agent_inside) == (raw_volume, raw_inside)
+    assert not any(m.endswith(":ro") for m in agent["volumes"] if m.startswith(raw_volume + ":")), \
+        "the agent deletes the segments it shipped: its cdc_raw mount cannot be read-only"
 
 
 def test_airflow_gets_connections_and_the_dags():
