@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+import tempfile
 from pathlib import Path
 from typing import Mapping, Optional
 
@@ -37,6 +38,9 @@ DELTA_SESSION_CONF = {
     # New tables without deletion vectors (reader/writer protocol 1/2): delta-rs 1.6 cannot read deletion vectors
     # and would read column-mapped tables as all-NULL columns without an error, so neither is ever enabled.
     "spark.databricks.delta.properties.defaults.enableDeletionVectors": "false",
+    # Delta's catalog makes Spark create its warehouse directory, by default ./spark-warehouse in whatever
+    # directory the driver runs in (an Airflow worker's). No managed table is ever kept: a fixed private place.
+    "spark.sql.warehouse.dir": str(Path(tempfile.gettempdir()) / "cassandra-cdc-spark-warehouse"),
 }
 
 
