@@ -25,16 +25,23 @@ def spark_cluster(tmp_path_factory):
         yield cluster
 
 
-def test_pipeline_on_a_two_worker_cluster_publishes_each_event_once(spark_cluster, segments, tmp_path, s3_server,
-                                                                   s3_bucket, kafka_broker, monkeypatch, caplog):
-    for key, value in spark_cluster.env.items():          # what a worker machine's spark-env.sh would say
-        monkeypatch.setenv(key, value)
+def _shipped_to_cluster(spark_cluster, segments, tmp_path, s3_server, s3_bucket, kafka_broker) -> P.PipelineConfig:
+    """The settings of a pipeline that runs its batches with spark-submit on ``spark_cluster`` (transactions on),
+    after the agents shipped the segments."""
     cfg = _config(tmp_path, s3_server, kafka_broker, s3_bucket, max_segments=100, spark_submit=True,
                   spark_master=spark_cluster.master_url, kafka_transactions=True,
                   spark_submit_bin=str(Path(sys.executable).parent / "spark-submit"),
                   spark_conf={"spark.executor.memory": "512m", "spark.sql.shuffle.partitions": "2",
                               "spark.databricks.delta.snapshotPartitions": "2"})
     assert _ship(_fresh_raw(segments, tmp_path), cfg, tmp_path / "agent") >= 6
+    return cfg
+
+
+def test_pipeline_on_a_two_worker_cluster_publishes_each_event_once(spark_cluster, segments, tmp_path, s3_server,
+                                                                   s3_bucket, kafka_broker, monkeypatch, caplog):
+    for key, value in spark_cluster.env.items():          # what a worker machine's spark-env.sh would say
+        monkeypatch.setenv(key, value)
+    cfg = _shipped_to_cluster(spark_cluster, segments, tmp_path, s3_server, s3_bucket, kafka_broker)
     caplog.set_level("INFO", logger="cassandra_cdc")
     done = P.run_until_idle(cfg)
     assert done and all(b.state == "archived" for b in done)
@@ -80,12 +87,7 @@ def test_an_executor_killed_mid_job_is_retried_and_nothing_is_written_twice(spar
     import threading
     for key, value in spark_cluster.env.items():
         monkeypatch.setenv(key, value)
-    cfg = _config(tmp_path, s3_server, kafka_broker, s3_bucket, max_segments=100, spark_submit=True,
-                  spark_master=spark_cluster.master_url, kafka_transactions=True,
-                  spark_submit_bin=str(Path(sys.executable).parent / "spark-submit"),
-                  spark_conf={"spark.executor.memory": "512m", "spark.sql.shuffle.partitions": "2",
-                              "spark.databricks.delta.snapshotPartitions": "2"})
-    assert _ship(_fresh_raw(segments, tmp_path), cfg, tmp_path / "agent") >= 6
+    cfg = _shipped_to_cluster(spark_cluster, segments, tmp_path, s3_server, s3_bucket, kafka_broker)
     caplog.set_level("INFO", logger="cassandra_cdc")
     killed: list = []
     stop = threading.Event()
