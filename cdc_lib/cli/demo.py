@@ -12,29 +12,30 @@ from . import exits
 def build_parser():
     p = exits.ArgumentParser(
         prog="cassandra-cdc demo",
-        description="Run the whole pipeline on embedded defaults: generated segments of a 3-node RF 3 cluster, the "
-                    "node agents, an S3 server (SeaweedFS), the real Airflow DAGs (airflow dags test, local Spark "
-                    "and Delta) and a Kafka broker (Tansu), all on 127.0.0.1. It prints what each step does and how "
-                    "long it takes, events read back from Kafka and a query of a Delta table, then stops what it "
-                    "started and keeps its files in the workdir.")
-    p.add_argument("--mutations", type=int, default=2000, help="generated writes, each on 3 replicas (2000)")
+        description="Run the whole pipeline on embedded defaults, all on 127.0.0.1: a real Cassandra 5.0 node (the "
+                    "jars setup.sh fetched) takes a workload through cassandra-driver, its agent ships the segments "
+                    "to an S3 server (SeaweedFS), the real Airflow DAGs (DAG.test(), what airflow dags test runs; "
+                    "Delta tables) publish to Apache Kafka. It prints what each step does and how long it takes, "
+                    "events read back from Kafka and a query of a Delta table, ends by comparing the Delta state "
+                    "with SELECT *, then stops what it started and keeps its files in the workdir.")
+    p.add_argument("--mutations", type=int, default=2000,
+                   help="CQL statements written to the node, or with --generated, generated writes (2000)")
     p.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR,
                    help="where the demo's files go and stay: segments, the S3 and Airflow data, and a local copy "
                         "of the store to query (default: ./cdc-demo; an earlier demo's workdir is replaced)")
     p.add_argument("--clean", action="store_true", help="delete the workdir at the end")
     p.add_argument("--seed", type=int, default=7, help="seed of the generated workload (7): same seed, same writes")
     p.add_argument("--max-segments", type=int, default=16, help="segments per batch, a DAG param (16)")
-    p.add_argument("--cassandra", action="store_true",
-                   help="a real Cassandra 5.0 node (127.0.0.1, the jars setup.sh fetched) writes the commit log: "
-                        "the sample schema, --mutations statements through cassandra-driver; the demo ends by "
-                        "comparing the Delta state with SELECT *")
+    p.add_argument("--generated", action="store_true",
+                   help="no Cassandra: our own writer generates what a 3-node RF 3 cluster writes (replica copies, "
+                        "out-of-order arrivals), no JVM for the source")
     return p
 
 
 def demo_main(argv=None) -> int:
     a = build_parser().parse_args(argv)
     try:
-        run_demo(a.mutations, a.workdir, a.seed, a.max_segments, a.clean, cassandra=a.cassandra)
+        run_demo(a.mutations, a.workdir, a.seed, a.max_segments, a.clean, generated=a.generated)
     except KeyboardInterrupt:
         _say("interrupted: everything started was stopped")
         return exits.INTERRUPTED

@@ -1,9 +1,10 @@
 """Writes to the sample schema (``workload.SAMPLE_SCHEMA_CQL``) through cassandra-driver: the demo's traffic on a
-real Cassandra (``cassandra-cdc demo --cassandra``).
+real Cassandra (``cassandra-cdc demo``).
 
 Orders with static customer columns, collections and a frozen UDT; status updates, item removals, cancelled
-(deleted) orders and a deleted customer partition; sessions with day-long TTLs; page-view counters. TTLs are a day
-long so the demo's sweep an hour later changes nothing that ``SELECT *`` showed.
+(deleted) orders and a deleted customer partition; sessions with TTLs; page-view counters. Sessions on a TV are
+guest sessions of ten minutes: the demo's TTL sweep "an hour later" expires them (events the sweep publishes);
+the others last a day.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import uuid
 KEYSPACE = "shop"
 TABLES = ("orders", "sessions", "page_views")
 DAY_TTL = 86_400
+GUEST_TTL = 600
 
 
 def schema_for_one_node(schema_cql: str) -> list:
@@ -44,8 +46,8 @@ def write_shop(session, n: int, seed: int = 7) -> int:
     drop_item = s.prepare("DELETE items[?] FROM shop.orders WHERE customer_id = ? AND order_day = ? AND order_id = ?")
     cancel = s.prepare("DELETE FROM shop.orders WHERE customer_id = ? AND order_day = ? AND order_id = ?")
     forget = s.prepare("DELETE FROM shop.orders WHERE customer_id = ?")
-    ins_session = s.prepare(f"INSERT INTO shop.sessions (user_id, device, started, ip, pages) VALUES (?, ?, ?, ?, ?) "
-                            f"USING TTL {DAY_TTL}")
+    ins_session = s.prepare("INSERT INTO shop.sessions (user_id, device, started, ip, pages) VALUES (?, ?, ?, ?, ?) "
+                            "USING TTL ?")
     add_page = s.prepare("UPDATE shop.sessions SET pages = pages + ? WHERE user_id = ? AND device = ?")
     view = s.prepare("UPDATE shop.page_views SET views = views + ?, clicks = clicks + ? WHERE page = ? AND day = ?")
     customers = [uuid.UUID(int=rng.getrandbits(128), version=4) for _ in range(max(4, n // 40))]
@@ -79,7 +81,8 @@ def write_shop(session, n: int, seed: int = 7) -> int:
             user, device = rng.randrange(50), rng.choice(["phone", "laptop", "tv"])
             if rng.random() < 0.5:
                 s.execute(ins_session, (user, device, datetime.datetime.now(datetime.timezone.utc),
-                                        f"10.0.{rng.randrange(256)}.{rng.randrange(256)}", ["/"]))
+                                        f"10.0.{rng.randrange(256)}.{rng.randrange(256)}", ["/"],
+                                        GUEST_TTL if device == "tv" else DAY_TTL))
             else:
                 s.execute(add_page, ([f"/p/{rng.randrange(30)}"], user, device))
         else:
