@@ -389,6 +389,12 @@ class PipelineConfig:
     schema_registry_config: dict = field(default_factory=dict, metadata=SECRET)   # basic.auth.user.info, ssl.*
     max_segments: int = 64                     # per batch
     max_bytes: int = 256 * MiB                 # per batch (at least one segment is always taken)
+    # Commit logs encrypted with Cassandra's transparent_data_encryption_options: the node's keystore (JCEKS, JKS
+    # or PKCS12) and its passwords from files, or CASSANDRA_CDC_KEYSTORE_PASSWORD / CASSANDRA_CDC_KEY_PASSWORD
+    # (the key password defaults to the keystore's, as in Cassandra's JKSKeyProvider); never a setting's value
+    keystore: Optional[str] = None
+    keystore_password_file: Optional[str] = None
+    key_password_file: Optional[str] = None
     spark_master: str = "local[2]"
     spark_submit: bool = False                 # run the job with spark-submit instead of in-process
     spark_submit_bin: str = "spark-submit"

@@ -29,6 +29,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:       # spark-submit runs this file as a script
     sys.path.insert(0, str(REPO_ROOT))
 
+from cdc_lib.pipeline.resources import encryption_keys  # noqa: E402
 from cdc_lib.settings import PipelineConfig  # noqa: E402
 from cdc_lib.spark.conf import s3_settings_from_spark  # noqa: E402
 from cdc_lib.spark.merge_job import LAST_TIMINGS, RESULT_PREFIX, run_batch  # noqa: E402
@@ -47,6 +48,10 @@ def main(argv=None) -> int:
     p.add_argument("--prev-now", type=int, default=None, help="with --segments: previous batch's --now")
     p.add_argument("--cluster", default="default")
     p.add_argument("--app-id", default="cassandra-cdc")
+    p.add_argument("--keystore", help="keystore of encrypted commit logs; its passwords in the files below or in "
+                                      "CASSANDRA_CDC_KEYSTORE_PASSWORD / CASSANDRA_CDC_KEY_PASSWORD")
+    p.add_argument("--keystore-password-file")
+    p.add_argument("--key-password-file")
     a = p.parse_args(argv)
     if bool(a.store_url) == bool(a.segments):
         p.error("give either --store-url (a claimed batch) or --segments")
@@ -60,9 +65,11 @@ def main(argv=None) -> int:
         ship_cdc_lib(spark)
     conf = dict(spark.sparkContext.getConf().getAll())
     store_url = a.store_url or a.root
-    config = PipelineConfig(store_url=store_url, cluster=a.cluster, app_id=a.app_id, **s3_settings_from_spark(conf))
+    config = PipelineConfig(store_url=store_url, cluster=a.cluster, app_id=a.app_id, keystore=a.keystore,
+                            keystore_password_file=a.keystore_password_file, key_password_file=a.key_password_file,
+                            **s3_settings_from_spark(conf))
     common = dict(storage_options=config.delta_options(), schema_file=a.schema_file, cluster=a.cluster,
-                  app_id=a.app_id, store_options=config.fs_options())
+                  app_id=a.app_id, store_options=config.fs_options(), keys=encryption_keys(config))
     if a.store_url:
         from cdc_lib.pipeline.batches import read_batch, segment_sources
         from cdc_lib.pipeline.resources import delta_root, open_store

@@ -588,14 +588,18 @@ def test_three_nodes_replica_copies_and_a_hinted_late_arrival(tmp_path, kafka_br
 
 
 def _zstd_descriptor_8(tmp_path) -> tuple:
-    return {"storage_compatibility_mode": "NONE", "commitlog_compression": [{"class_name": "ZstdCompressor"}]}, None
+    return {"storage_compatibility_mode": "NONE", "commitlog_compression": [{"class_name": "ZstdCompressor"}]}, None, {}
 
 
 def _tde(tmp_path) -> tuple:
     from cdc_lib.commitlog.encryption import EncryptionKeys
     from cdc_lib.demo.cassandra import make_tde_keystore, tde_options
     keystore = make_tde_keystore(tmp_path / "tde.jceks")            # the JDK's keytool
-    return tde_options(keystore), EncryptionKeys.from_keystore(str(keystore), "cassandra", "cassandra")
+    password_file = tmp_path / "keystore-password"
+    password_file.write_text("cassandra\n")
+    password_file.chmod(0o600)
+    return (tde_options(keystore), EncryptionKeys.from_keystore(str(keystore), "cassandra", "cassandra"),
+            {"keystore": str(keystore), "keystore_password_file": str(password_file)})
 
 
 SEGMENT_VARIANTS = {"zstd, descriptor 8": (_zstd_descriptor_8, 8, "ZstdCompressor", False),
@@ -603,18 +607,19 @@ SEGMENT_VARIANTS = {"zstd, descriptor 8": (_zstd_descriptor_8, 8, "ZstdCompresso
 
 
 @pytest.mark.parametrize("variant", sorted(SEGMENT_VARIANTS))
-def test_compressed_encrypted_and_descriptor_8_segments_give_select_star(variant, tmp_path):
+def test_compressed_encrypted_and_descriptor_8_segments_give_select_star(variant, tmp_path, kafka_broker):
     """Real segments of the kinds the corpus lacks: Zstd with ``storage_compatibility_mode: NONE`` (descriptor
     8, messaging 13), and TDE (Cassandra 5.0.9 needs a compressor beside it: CASSANDRA-21540). Every cdc_raw
-    segment decodes without damage, and the independent reference model's merge of its mutations equals
-    ``SELECT *``."""
+    segment decodes without damage, the independent reference model's merge of its mutations equals ``SELECT *``,
+    and so does the Delta state after the agent shipped them and the pipeline ran (the keystore and its password
+    file as settings, for TDE)."""
     from cassandra.query import SimpleStatement
     from reference_model import json_table, visible_table
 
     from cdc_lib.demo.cassandra import start_cluster
     from cdc_lib.demo.compare import select_json
     make, descriptor, compressor, encrypted = SEGMENT_VARIANTS[variant]
-    yaml, keys = make(tmp_path)
+    yaml, keys, key_settings = make(tmp_path)
     with start_cluster(1, tmp_path / "c", yaml=yaml, cluster_name="variant") as cluster:
         session = cluster.session()
         session.execute("CREATE KEYSPACE IF NOT EXISTS v WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 1}")
@@ -630,8 +635,10 @@ def test_compressed_encrypted_and_descriptor_8_segments_give_select_star(variant
                 session.execute(SimpleStatement(cql))
             if k % 7 == 0:
                 session.execute(f"DELETE FROM v.t WHERE k = {k}")
-        expected = select_json(session, load_cql_schema(describe(session, "v")).by_name("v", "t"))
-        schema = load_cql_schema(describe(session, "v"))
+        ddl = describe(session, "v")
+        schema = load_cql_schema(ddl)
+        expected = select_json(session, schema.by_name("v", "t"))
+        rows, native = select_rows(session, schema.by_name("v", "t")), select_native(session, schema.by_name("v", "t"))
         now = int(time.time())
         cluster.nodetool(1, "drain")
     table = schema.by_name("v", "t")
@@ -648,4 +655,20 @@ def test_compressed_encrypted_and_descriptor_8_segments_give_select_star(variant
     assert headers == {(descriptor, encrypted, compressor)}, headers
     assert json_table(table, visible_table(table, mutations, now)) == expected
     assert len(expected) > 40
+
+    store = tmp_path / "store"
+    store.mkdir()
+    Agent(AgentConfig(cdc_raw=cluster.node(1).cdc_raw, store_url=str(store), cluster=CLUSTER, node="node1",
+                      state_dir=tmp_path / "agent")).run_once()
+    (tmp_path / "schema.cql").write_text(ddl)
+    prefix = f"variant{uuid.uuid4().hex[:6]}"
+    batches = run_pipeline(P.PipelineConfig(store_url=str(store), cluster=CLUSTER, kafka_bootstrap=kafka_broker,
+                                            topic_prefix=prefix, schema_file=str(tmp_path / "schema.cql"), now=now,
+                                            **key_settings), None)
+    assert all(b.steps["transform"]["damaged"] == 0 == b.steps["transform"]["quarantined_entries"] for b in batches)
+    out = Comparison()
+    delta_rows = delta_live_rows(str(store), table)
+    compare_table(table, rows, delta_rows, out)
+    compare_native(table, native, delta_rows, out)
+    assert out.equal, out.summary()
 

@@ -92,3 +92,24 @@ def test_inspect_reads_raw_keys_from_a_key_file(encrypted, tmp_path):
         done = cli("inspect", "--schema", schema_file, "--key-file", key_file, segment)
     assert done.returncode == 0 and done.stderr == "" and done.stdout.count('"kind":"row"') >= 40
     assert ps.lines_with(key) == [] and key not in done.stdout
+
+
+def test_the_pipeline_reads_the_keystore_password_from_a_file_or_the_environment(encrypted, tmp_path, monkeypatch):
+    """``keystore`` with its password in ``keystore_password_file`` or CASSANDRA_CDC_KEYSTORE_PASSWORD (never a
+    setting's value); without either the run stops with what to set."""
+    from cdc_lib.errors import ConfigError
+    from cdc_lib.pipeline.resources import encryption_keys
+    from cdc_lib.settings import KEY_PASSWORD_ENV, KEYSTORE_PASSWORD_ENV, PipelineConfig
+    keystore, password, _, _ = encrypted
+    monkeypatch.delenv(KEYSTORE_PASSWORD_ENV, raising=False)
+    monkeypatch.delenv(KEY_PASSWORD_ENV, raising=False)
+    assert encryption_keys(PipelineConfig()) is None
+    with pytest.raises(ConfigError, match=f"keystore_password_file or {KEYSTORE_PASSWORD_ENV}"):
+        encryption_keys(PipelineConfig(keystore=str(keystore)))
+    password_file = tmp_path / "pw"
+    password_file.write_text(password + "\n")
+    from_file = encryption_keys(PipelineConfig(keystore=str(keystore), keystore_password_file=str(password_file)))
+    monkeypatch.setenv(KEYSTORE_PASSWORD_ENV, password)
+    from_env = encryption_keys(PipelineConfig(keystore=str(keystore)))
+    assert from_file.key(ALIAS) == from_env.key(ALIAS) and len(from_env.key(ALIAS)) == 16
+    assert password not in repr(PipelineConfig(keystore=str(keystore), keystore_password_file=str(password_file)))

@@ -31,6 +31,21 @@ def delta_root(config: PipelineConfig, store: ObjectStore) -> str:
     return store.root if store.local else store.url
 
 
+def encryption_keys(config: PipelineConfig):
+    """The keys of encrypted commit logs (``keystore``; ``commitlog.encryption.EncryptionKeys``), or None when
+    no keystore is set. The passwords come from their files or the environment only (``settings.secret``)."""
+    if not config.keystore:
+        return None
+    from cdc_lib.commitlog.encryption import EncryptionKeys
+    from cdc_lib.settings import KEY_PASSWORD_ENV, KEYSTORE_PASSWORD_ENV, secret
+    password = secret("keystore password", file=config.keystore_password_file, env_var=KEYSTORE_PASSWORD_ENV)
+    if password is None:
+        raise ConfigError(f"keystore {config.keystore} needs its password: keystore_password_file or "
+                          f"{KEYSTORE_PASSWORD_ENV}")
+    key_password = secret("key password", file=config.key_password_file, env_var=KEY_PASSWORD_ENV)
+    return EncryptionKeys.from_keystore(config.keystore, password, key_password)
+
+
 def load_schema(config: PipelineConfig):
     """The CQL schema the decoder types values with (``schema_source``), with the capture rules applied (the
     include/exclude settings: ``cql.capture``), so every step sees the same tables and columns."""

@@ -54,7 +54,7 @@ from .batches import (POINTER_KEY, SNAPSHOT_REQUEST_KEY, STATES, SWEEP_REQUEST_K
 from .health import arrival_warnings, check_run_settings, open_existing_store
 from .replay import claim_replay, consume_replay_share, reemit_outbox
 from .replay import describe as describe_replay
-from .resources import MiB, delta_root, load_schema, open_store
+from .resources import MiB, delta_root, encryption_keys, load_schema, open_store
 
 log = logging.getLogger("cassandra_cdc.pipeline")
 
@@ -316,8 +316,13 @@ def _run_transform(config: PipelineConfig, store: ObjectStore, root: str, schema
         if config.schema_source != "cql":
             raise ConfigError("spark_submit runs the job with a schema file: set schema_source 'cql' and "
                               "schema_file (the job cannot reach Cassandra for the schema)")
+        keystore = [arg for flag, value in (("--keystore", config.keystore),
+                                            ("--keystore-password-file", config.keystore_password_file),
+                                            ("--key-password-file", config.key_password_file)) if value
+                    for arg in (flag, str(value))]      # paths only: the passwords stay in their files or env
         res = run_job(config, ["--store-url", store.url, "--batch-id", batch.batch_id, "--schema-file",
-                               str(config.schema_file), "--cluster", config.cluster, "--app-id", config.app_id])
+                               str(config.schema_file), "--cluster", config.cluster, "--app-id", config.app_id,
+                               *keystore])
         return {"mode": mode, "events": res.get("events", 0),
                 "state_rows_written": sum(res.get("tables", {}).values()), "job_stages_s": res.get("timings", {})}
     from cdc_lib.spark.merge_job import run_batch
@@ -331,7 +336,8 @@ def _run_transform(config: PipelineConfig, store: ObjectStore, root: str, schema
     res = run_batch(session, sources, root=root, storage_options=config.delta_options(), schema=schema,
                     batch_id=batch.batch_id, batch_seq=batch.batch_seq, now=batch.now, prev_now=batch.prev_now,
                     cluster=config.cluster, app_id=config.app_id, store_url=store.url,
-                    store_options=config.fs_options(), checksums=checksums, fail_hook=hook)
+                    store_options=config.fs_options(), checksums=checksums, keys=encryption_keys(config),
+                    fail_hook=hook)
     counters.update(events=res.events, state_rows_written=sum(res.tables.values()))
     return counters
 

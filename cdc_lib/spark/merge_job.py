@@ -165,9 +165,11 @@ def segment_file(source: str, checksum: Optional[str], store_options: dict):
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _parse_segments(schema, store_url: str, store_options: dict, checksums: dict, cluster: str, batch_id: str):
+def _parse_segments(schema, store_url: str, store_options: dict, checksums: dict, cluster: str, batch_id: str,
+                    keys=None):
     """The ``mapInArrow`` function of step 1 (a closure shipped to executors): rows of ``path`` (segment paths or
-    URLs) in, cell-log rows and one summary row per damage out."""
+    URLs) in, cell-log rows and one summary row per damage out. ``keys``: the ``EncryptionKeys`` of encrypted
+    segments (shipped with the closure: the executors decrypt)."""
 
     def parse(batches):
         from cdc_lib.celllog.reader import read_cell_log
@@ -178,7 +180,7 @@ def _parse_segments(schema, store_url: str, store_options: dict, checksums: dict
             for source in b.column("path").to_pylist():
                 damages = []
                 with segment_file(source, checksums.get(source), store_options) as path:
-                    for cells in read_cell_log(path, schema, on_damage=damages.append, cdc_only=True):
+                    for cells in read_cell_log(path, schema, keys=keys, on_damage=damages.append, cdc_only=True):
                         n = cells.num_rows
                         cols = list(cells.columns) + [pa.array([REC_CELL] * n, pa.string()),
                                                       pa.nulls(n, pa.string()), pa.nulls(n, pa.string())]
@@ -302,7 +304,7 @@ def run_batch(spark, segments, *, root: str, storage_options: Optional[dict] = N
               schema_file: Optional[str] = None, batch_id: str, batch_seq: int, now: int,
               prev_now: Optional[int] = None, cluster: str = "default", app_id: str = "cassandra-cdc",
               store_url: Optional[str] = None, store_options: Optional[dict] = None,
-              checksums: Optional[dict] = None, fail_hook=None) -> BatchResult:
+              checksums: Optional[dict] = None, keys=None, fail_hook=None) -> BatchResult:
     """Reconcile the cell log of ``segments`` (local paths or object-store URLs) into the Delta state tables and
     the outbox under ``root``.
 
@@ -310,7 +312,8 @@ def run_batch(spark, segments, *, root: str, storage_options: Optional[dict] = N
     whole batch in this process, Delta written by delta-rs). ``now`` (seconds) is the batch's processing time;
     ``prev_now`` the previous batch's, to sweep TTL expiries in between. ``storage_options``: deltalake's for the
     tables; ``store_url``/``store_options``: the store (fsspec) that remote segments are read from and that
-    damage is quarantined in (default ``root``); ``checksums``: segment -> sha256 to check each download against.
+    damage is quarantined in (default ``root``); ``checksums``: segment -> sha256 to check each download against;
+    ``keys``: the ``EncryptionKeys`` of encrypted segments (``pipeline.resources.encryption_keys``).
     Safe to run again with the same arguments after any failure.
     """
     if schema is None:
@@ -339,7 +342,7 @@ def run_batch(spark, segments, *, root: str, storage_options: Optional[dict] = N
         versions = store.snapshot(tables)
         marks = _sweep_marks(store, tables, now, prev_now)
     parse = _parse_segments(schema, store_url or root, dict(store_options or {}), dict(checksums or {}), cluster,
-                            batch_id)
+                            batch_id, keys)
     reconcile = _reconcile(schema, root, storage_options, app_id, versions, now, prev_now, cluster, batch_seq)
     write = dict(store=store, result=result, todo=todo, outbox_done=outbox_done, batch_id=batch_id,
                  batch_seq=batch_seq, timings=timings)
