@@ -527,8 +527,8 @@ class DeltaRsStateStore:
         if self.outbox_committed(batch_seq):
             return False
         data = _as_reader(rows, OUTBOX_SCHEMA)
-        # no partitioning (an outbox written before 0.2 keeps its batch_id partitions until the maintenance step
-        # rewrites it): one small file per batch, which upkeep compacts; a reader finds a batch by file statistics
+        # no partitioning (an outbox an earlier version partitioned by batch_id keeps its layout until the
+        # maintenance step rewrites it): a file per batch, which upkeep compacts; a reader finds a batch by statistics
         write_deltalake(self.events_uri(), data, mode="append",
                         storage_options=self.storage_options or None,
                         commit_properties=self._props(batch_seq, **{"cdc.batch_id": batch_id}))
@@ -654,14 +654,16 @@ class DeltaRsStateStore:
                                  OLDEST_DELETION: oldest_deletion_time(left[0]), DELETE_FLAG: False})
                     out["rewritten"] += changed
                     if len(rows) >= chunk_rows:
-                        self._merge_purged(dt, rows)
+                        self._merge_purged(table, rows)
                         rows = []
         if rows:
-            self._merge_purged(dt, rows)
+            self._merge_purged(table, rows)
         return out
 
-    def _merge_purged(self, dt, rows: list) -> None:
+    def _merge_purged(self, table, rows: list) -> None:
+        """One MERGE of purged records (``purge``) into the table's latest version."""
         from deltalake import CommitProperties
+        dt = self._open(self.state_uri(table))
         names = ["_cdc_token"] + [META_PREFIX + f.name for f in STATE_SCHEMA] + [OLDEST_DELETION]
         target = pa.schema(dt.schema().to_arrow())
         source = pa.Table.from_pylist(rows, schema=pa.schema([META_SCHEMA.field(n) for n in names]
