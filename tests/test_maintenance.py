@@ -65,8 +65,8 @@ def test_purge_changes_no_row_and_no_event_and_leaves_only_live_data(tmp_path):
     for tid, t in list(schema.tables.items()):
         schema.tables[tid] = dataclasses.replace(t, gc_grace_seconds=0)
     tables = [t for t in schema.tables.values() if t.keyspace == "shop"]
-    mutations = list(Workload(schema, seed=5, partitions=12).mutations(150))
-    batches = [mutations[:50], mutations[50:100], mutations[100:]]
+    mutations = list(Workload(schema, seed=5, partitions=8).mutations(90))
+    batches = [mutations[:30], mutations[30:60], mutations[60:]]
     nows = [NOW0 + 5, NOW0 + 90, NOW0 + 180]
     store = DeltaRsStateStore(str(tmp_path))
     for i, (batch, now) in enumerate(zip(batches, nows)):
