@@ -78,6 +78,7 @@ def delta_upkeep(config: PipelineConfig) -> dict:
         out = maintain_delta(st, schema, state_table_names(store), now, purge=not half_written,
                              outbox_through=_outbox_retention_limit(store, config, now),
                              vacuum_retention_hours=config.vacuum_retention_hours)
+    out["purge_skipped"] = int(bool(half_written))
     out["duration_s"] = round(time.monotonic() - t0, 3)
     record_metrics(store, "maintenance", out)
     return out
@@ -88,10 +89,10 @@ def maintain_delta(st, schema, state_tables: list, now: int, *, purge: bool = Tr
     """The Delta work of ``delta_upkeep`` (the caller holds the writer lock): purge the state tables ``state_tables``
     (``<keyspace>.<table>``) at ``now`` when ``purge``, delete the outbox rows of batches up to ``outbox_through``,
     compact and vacuum every table. ``st``: a ``sinks.delta.DeltaRsStateStore``. Returns the counters."""
+    from cdc_lib.sinks.delta import state_table_uri
     out = {"tables": 0, "purged_records": 0, "purge_rewritten_records": 0, "purge_examined_records": 0,
            "outbox_rows_deleted": 0, "outbox_rows_repartitioned": 0, "files_added": 0, "files_removed": 0,
            "vacuumed": 0}
-    from cdc_lib.sinks.delta import state_table_uri
     uris = []
     for name in state_tables:
         keyspace, _, table_name = name.partition(".")
