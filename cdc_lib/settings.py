@@ -409,6 +409,9 @@ class PipelineConfig:
     sweep_interval_s: int = 300                # an empty run sweeps TTL expiries this long after the last batch
     warn_no_segments_s: int = 3600             # claim warns when no segment arrived for this long (0: never)
     vacuum_retention_hours: int = 168          # Delta history the maintenance DAG keeps
+    # The maintenance DAG deletes the outbox rows of batches published and archived longer ago than this (their
+    # events are in Kafka; a re-emit needs them: pipeline.replay); None: keep them for ever
+    outbox_retention_hours: Optional[int] = 168
     local_datacenter: Optional[str] = None     # process only segments of nodes whose agent says this datacenter
     # What is captured, besides cdc = true (cql.capture): keyspaces, keyspace.table, keyspace.table.column;
     # a list or a comma-separated string. Empty include lists include everything.
@@ -440,6 +443,9 @@ class PipelineConfig:
                     + (" or a URL such as s3://bucket/prefix" if name == "store_url" else ""))
         if self.schema_source not in ("cql", "driver"):
             raise ConfigError(f"schema_source must be 'cql' or 'driver', got {self.schema_source!r}")
+        if self.outbox_retention_hours is not None and self.outbox_retention_hours < 0:
+            raise ConfigError(f"outbox_retention_hours must be >= 0 (or none: keep every batch), got "
+                              f"{self.outbox_retention_hours}")
         if self.warn_no_segments_s < 0:
             raise ConfigError(f"warn_no_segments_s must be >= 0 (0: never warn), got {self.warn_no_segments_s}")
 

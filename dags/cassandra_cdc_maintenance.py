@@ -1,10 +1,13 @@
-"""Airflow 3 DAG ``cassandra_cdc_maintenance``: TTL expiry sweep and Delta table upkeep (compact, vacuum).
+"""Airflow 3 DAG ``cassandra_cdc_maintenance``: TTL expiry sweep and Delta table upkeep (tombstone purge, outbox
+retention, compaction, vacuum).
 
 The sweep is requested here and performed by the next ``cassandra_cdc`` run as a batch without segments, so
 it is serialized with the other batches (``cassandra_cdc`` has ``max_active_runs=1``) and its expiry events
 are published exactly once like every other event (``cdc_lib.pipeline.request_sweep``). Settings as for
 ``cassandra_cdc`` (``cdc_lib.pipeline.airflow``); the schedule is the ``maintenance_schedule`` setting (hourly by
-default), vacuum keeps ``vacuum_retention_hours`` of Delta history.
+default). ``delta_upkeep`` (``cdc_lib.pipeline.maintenance``) purges tombstones after each table's
+``gc_grace_seconds``, deletes the outbox batches older than ``outbox_retention_hours``, compacts, and vacuums what
+is older than ``vacuum_retention_hours``, holding the store's Delta writer lock so it never races a batch.
 """
 from __future__ import annotations
 

@@ -24,6 +24,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import late_write
 import pytest
 from cassandra import ConsistencyLevel
 from event_invariant import check_events
@@ -252,6 +253,33 @@ def test_another_cassandra_on_the_port_is_not_taken_for_the_node(real_cassandra,
     other.native_port = real_cassandra.native_port             # as if it had lost the race for the port
     with pytest.raises(CassandraStartError, match="another Cassandra answers"):
         other._answers_as(other.node(1))
+
+
+def test_a_write_older_than_a_purged_tombstone_comes_back_as_in_the_engine(real_cassandra, tmp_path):
+    """The consequence of the tombstone purge (README, "Maintenance"), on the real node and in the engine: once
+    compaction purged a tombstone (``gc_grace_seconds = 0``), a write older than it brings the row back; within
+    ``gc_grace_seconds`` the write stays shadowed. The engine with the maintenance step's purge shows the same rows.
+    (Before the scenario tests: their scenario drains the node. The tables have no cdc: the scenario's pipeline
+    skips their mutations in the segments it ships.)"""
+    session = real_cassandra.session()
+    for statement in late_write.CREATE:
+        session.execute(statement)
+    for table in late_write.TABLES:
+        for statement in late_write.BEFORE_PURGE:
+            session.execute(statement.format(table=table))
+    deleted_at = time.time()
+    real_cassandra.nodetool(1, "flush", "purge")
+    time.sleep(max(0.0, int(deleted_at) + 1.05 - time.time()))   # purgeable once its local deletion time is past
+    real_cassandra.nodetool(1, "compact", "purge")
+    for table in late_write.TABLES:
+        for statement in late_write.AFTER_PURGE:
+            session.execute(statement.format(table=table))
+    cassandra = {table: sorted((r.k, r.v) for r in session.execute(f"SELECT k, v FROM purge.{table}"))
+                 for table in late_write.TABLES}
+    assert cassandra == {"gc0": [(1, "late")], "keep": []}
+    engine = late_write.engine_rows(tmp_path, int(deleted_at))
+    assert {table: rows for table, (rows, _) in engine.items()} == cassandra
+    assert engine["gc0"][1] == ["c"] and engine["keep"][1] == []      # the row came back: an insert event
 
 
 def test_delta_state_equals_select_star(scenario):

@@ -42,6 +42,7 @@ CREATE TABLE IF NOT EXISTS "Shop"."Orders" (
     AND cdc = true
     AND compression = {{'chunk_length_in_kb': '16', 'class': 'org.apache.cassandra.io.compress.LZ4Compressor'}}
     AND comment = 'it''s; not a statement end'
+    AND gc_grace_seconds = 3600
     AND speculative_retry = '99p';
 ALTER TABLE "Shop"."Orders" DROP gone USING TIMESTAMP 1699000000123000;
 
@@ -81,6 +82,7 @@ def test_describe_output():
 
     plain = s.table(ID2)
     assert plain.keyspace == "Shop" and not plain.cdc
+    assert (t.gc_grace_seconds, plain.gc_grace_seconds) == (3600, 864000)      # the table option, else Cassandra's
     assert set(plain.columns) == {"k", "v", "extra", "tags"} and plain.columns["tags"].is_complex
     view = s.table(ID3)
     assert [c.name for c in view.partition_key] == ["v"] and [c.name for c in view.clustering] == ["k"]

@@ -129,8 +129,13 @@ def test_alter_add_then_drop_column_copy_on_write():
                                           ("coupon", "regular", -1, "text", "none")], 2000))]))
     assert [(c.kind, c.detail.split()[0]) for c in changes] == [("column_added", "coupon")]
     assert "coupon" in tracker.schema.table(TID).columns
+    assert tracker.schema.table(TID).gc_grace_seconds == 864000
     assert "coupon" not in before.table(TID).columns        # the schema handed out earlier did not change
     assert len(tracker.schema.table(TID).columns) == len(ORDERS) + 1
+    # ALTER TABLE ... WITH gc_grace_seconds = 60: the table row's cell, which the purge goes by
+    changes = feed(tracker, Mutation([supdate("tables", KS, [srow("tables", ("orders",), {"gc_grace_seconds": 60},
+                                                                  2500)])]))
+    assert [c.kind for c in changes] == ["table_altered"] and tracker.schema.table(TID).gc_grace_seconds == 60
     # ALTER TABLE DROP total: column row deleted, dropped_columns row written (dropped_time in ms)
     changes = feed(tracker, Mutation([
         supdate("columns", KS, [sdelete("columns", ("orders", "total"), 3000)]),

@@ -303,7 +303,7 @@ def _column_sig(c) -> tuple:
 
 def _table_sig(t: TableMetadata) -> tuple:
     # key columns by position; other columns as a set (sources differ in their order, Cassandra does not care)
-    return (t.id, t.flags, t.cdc, tuple(_column_sig(c) for c in t.partition_key + t.clustering),
+    return (t.id, t.flags, t.cdc, t.gc_grace_seconds, tuple(_column_sig(c) for c in t.partition_key + t.clustering),
             tuple(sorted(_column_sig(c) for c in t.columns.values())),
             tuple(sorted((d.name, d.type.cql, d.dropped_time, d.kind) for d in t.dropped.values())))
 
@@ -335,9 +335,10 @@ def _table_changes(ks: str, old: Optional[TableMetadata], new: Optional[TableMet
             d = new.dropped.get(name)
             when = f" at {d.dropped_time}" if d is not None else ""
             out.append(SchemaChange("column_dropped", ks, new.name, f"{name} {c.type.cql}{when}", new.id))
-    if (old.flags, old.cdc) != (new.flags, new.cdc):
+    if (old.flags, old.cdc, old.gc_grace_seconds) != (new.flags, new.cdc, new.gc_grace_seconds):
         out.append(SchemaChange("table_altered", ks, new.name,
-                                f"flags {sorted(new.flags)} cdc {new.cdc}", new.id))
+                                f"flags {sorted(new.flags)} cdc {new.cdc} gc_grace_seconds {new.gc_grace_seconds}",
+                                new.id))
     elif not out:
         out.append(SchemaChange("table_altered", ks, new.name, "dropped-column records changed", new.id))
     return out

@@ -20,6 +20,9 @@ CLUSTERING = "clustering"
 STATIC = "static"
 REGULAR = "regular"
 
+# Cassandra's default ``gc_grace_seconds`` (10 days): how long a tombstone is kept before compaction may purge it.
+DEFAULT_GC_GRACE_SECONDS = 864000
+
 # What the commit-log readers take a table id for when the pipeline does not capture the table (no cdc = true)
 NOT_CAPTURED = object()
 
@@ -74,6 +77,9 @@ class TableMetadata:
     dropped: dict = field(default_factory=dict)   # name -> DroppedColumn
     flags: frozenset = frozenset()  # Cassandra table flags: 'compound', 'dense', 'super', 'counter'
     cdc: bool = False
+    # the table option: tombstones (and expired TTL data) older than this are purged from the Delta state
+    # (``state.purge``), as Cassandra's compaction purges them
+    gc_grace_seconds: int = DEFAULT_GC_GRACE_SECONDS
 
     @property
     def qualified_name(self) -> str:

@@ -30,8 +30,8 @@ from typing import Optional, Union
 from cdc_lib.errors import SchemaError
 
 from .masks import check_mask
-from .schema import (CLUSTERING, PARTITION_KEY, REGULAR, STATIC, ColumnMask, ColumnMetadata, DroppedColumn, Schema,
-                     TableMetadata)
+from .schema import (CLUSTERING, DEFAULT_GC_GRACE_SECONDS, PARTITION_KEY, REGULAR, STATIC, ColumnMask,
+                     ColumnMetadata, DroppedColumn, Schema, TableMetadata)
 from .system_schema import name_uuid_from_bytes
 from .types import CqlType, parse_type, udt_type
 
@@ -103,6 +103,7 @@ class _Table:
     desc: set = field(default_factory=set)
     table_id: Optional[uuid.UUID] = None
     cdc: bool = False
+    gc_grace_seconds: int = DEFAULT_GC_GRACE_SECONDS
     compact: bool = False
     dropped: dict = field(default_factory=dict)      # name -> DroppedColumn
     line: int = 0
@@ -410,6 +411,10 @@ class _Loader:
                         raise st.error(f"table option ID = {value} is not a UUID") from None
                 elif opt == "cdc":
                     table.cdc = _unquote_string(value).lower() == "true"
+                elif opt == "gc_grace_seconds":
+                    if not value.isdigit():
+                        raise st.error(f"table option gc_grace_seconds = {value}: a number of seconds (>= 0)")
+                    table.gc_grace_seconds = int(value)
             if not st.accept_words("AND"):
                 break
         if not st.at_end():
@@ -617,7 +622,7 @@ class _Loader:
             columns[c] = dataclasses.replace(columns[c], mask=check_mask(mask, columns[c].type,
                                                                          f"{where}: {qualified}.{c}"))
         return TableMetadata(t.keyspace, t.name, table_id, pk, ck, columns, dict(t.dropped), frozenset(flags),
-                             t.cdc)
+                             t.cdc, t.gc_grace_seconds)
 
 
 def _mask_call(st: "_Statement") -> ColumnMask:

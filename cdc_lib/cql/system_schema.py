@@ -23,7 +23,8 @@ from typing import Iterable, Mapping, Optional
 
 from cdc_lib.errors import CdcError, SchemaError
 
-from .schema import CLUSTERING, PARTITION_KEY, REGULAR, STATIC, ColumnMetadata, DroppedColumn, Schema, TableMetadata
+from .schema import (CLUSTERING, DEFAULT_GC_GRACE_SECONDS, PARTITION_KEY, REGULAR, STATIC, ColumnMetadata,
+                     DroppedColumn, Schema, TableMetadata)
 
 SCHEMA_KEYSPACE = "system_schema"
 
@@ -367,8 +368,10 @@ def build_table(keyspace: str, table_row: Mapping, column_rows: Iterable[Mapping
             micros = millis * 1000
         kind = str(row.get("kind") or REGULAR).lower()
         dropped[col_name] = DroppedColumn(col_name, ctype, micros, STATIC if kind == STATIC else REGULAR)
+    gc_grace = table_row.get("gc_grace_seconds")
     return TableMetadata(keyspace, name, table_id, partition_key, clustering, columns, dropped, flags,
-                         bool(table_row.get("cdc") or False))
+                         bool(table_row.get("cdc") or False),
+                         DEFAULT_GC_GRACE_SECONDS if gc_grace is None else int(gc_grace))
 
 
 def build_keyspace(rows: KeyspaceRows, known_types: Optional[Mapping] = None) -> BuiltKeyspace:
@@ -418,7 +421,7 @@ def keyspace_rows_from_schema(schema: Schema, keyspace: str) -> KeyspaceRows:
         if t.keyspace != keyspace:
             continue
         out.tables.append({"keyspace_name": keyspace, "table_name": t.name, "id": t.id,
-                           "flags": frozenset(t.flags), "cdc": t.cdc})
+                           "flags": frozenset(t.flags), "cdc": t.cdc, "gc_grace_seconds": t.gc_grace_seconds})
         for c in t.columns.values():
             order = ("desc" if c.reversed else "asc") if c.kind == CLUSTERING else "none"
             out.columns.append({"keyspace_name": keyspace, "table_name": t.name, "column_name": c.name,

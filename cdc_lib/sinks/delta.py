@@ -6,13 +6,16 @@ deltalake ``storage_options``):
 * ``<root>/delta/state/<keyspace>.<table>``: the current state of one CQL table, one Delta row per stored
   record (see ``docs/state-layout.md``): the typed CQL columns, then ``_cdc_*`` metadata that carries what
   exact reconciliation needs (``state.reconcile.STATE_SCHEMA`` with a ``_cdc_`` prefix, plus ``_cdc_token``,
-  ``_cdc_live``, ``_cdc_next_expiry``, ``_cdc_updated_batch``). ``_cdc_row_kind`` is ``row`` (a clustering
-  row), ``static`` (the static row; its typed columns form the static-only CQL row when that row is visible)
-  or ``partition`` (partition deletion and range tombstones). ``_cdc_live`` is true exactly for the records
-  that are a visible CQL row (``SELECT *``) at the ``now`` of the batch that last wrote the partition, so the
-  table as CQL shows it is ``SELECT <typed columns> WHERE _cdc_live`` (``visible_rows_query``).
-* ``<root>/delta/events``: the outbox, partitioned by ``batch_id``; one row per event with ``seq`` the publish
-  order within the batch (``OUTBOX_SCHEMA``, ``read_outbox``).
+  ``_cdc_live``, ``_cdc_next_expiry``, ``_cdc_updated_batch``, ``_cdc_oldest_deletion``). ``_cdc_row_kind`` is
+  ``row`` (a clustering row), ``static`` (the static row; its typed columns form the static-only CQL row when that
+  row is visible) or ``partition`` (partition deletion and range tombstones). ``_cdc_live`` is true exactly for the
+  records that are a visible CQL row (``SELECT *``) at the ``now`` of the batch that last wrote the partition, so
+  the table as CQL shows it is ``SELECT <typed columns> WHERE _cdc_live`` (``visible_rows_query``).
+* ``<root>/delta/events``: the outbox, one row per event with ``seq`` the publish order within the batch
+  (``OUTBOX_SCHEMA``, ``read_outbox``). Not partitioned: each batch appends a file or a few, the maintenance step
+  compacts them (in batch order, so a file holds a run of batches) and deletes what is past retention, and a reader
+  finds one batch by the files' ``batch_id``/``batch_seq`` statistics. (An outbox partitioned by ``batch_id``, as
+  earlier versions wrote it, keeps working and is rewritten once by ``unpartition_outbox``.)
 
 Atomic and idempotent per batch: every commit of a batch carries the Delta app transaction
 ``(app_id, batch_seq)``. The outbox is written first, then each state table; a table whose
@@ -25,6 +28,12 @@ State commits are one Delta MERGE per table and batch: the changed partitions' r
 exist (a row purged by a deletion that covers it) are deleted by marker rows (``_cdc_delete``) in the same
 MERGE, so one commit replaces the partitions. ``_cdc_token`` leads the match so Delta's file statistics can
 skip files.
+
+Maintenance (``DeltaRsStateStore.purge``, ``trim_outbox``, ``compact_and_vacuum``; the maintenance DAG runs them
+under the store's Delta writer lock): records lose what Cassandra would purge after the table's
+``gc_grace_seconds`` (``state.purge``), and records left empty are deleted. ``_cdc_oldest_deletion`` (the earliest
+time anything in a record counts its grace period from) has file statistics, so a purge reads only the files that
+hold something due.
 
 Type mapping (``arrow_type``/``to_arrow_value``; Delta has no unsigned, time or variable-scale decimal types):
 
@@ -79,6 +88,7 @@ from cdc_lib.errors import CdcError, SchemaError
 from cdc_lib.gcpause import gc_paused
 from cdc_lib.state.batch import process_cell_log
 from cdc_lib.state.events import partition_next_expiry
+from cdc_lib.state.purge import oldest_deletion_time, purge_partition
 from cdc_lib.state.reconcile import (STATE_SCHEMA, STATIC_KEY, PartitionState, _info, _typed_row,
                                      partition_from_records, partition_images, partition_to_records)
 from cdc_lib.storage.layout import Layout
@@ -223,12 +233,17 @@ def _nullable(t: pa.DataType) -> pa.DataType:
     return t
 
 
+OLDEST_DELETION = "_cdc_oldest_deletion"
 _EXTRA_META = [
     pa.field("_cdc_token", pa.int64()),
     pa.field("_cdc_live", pa.bool_()),
     pa.field("_cdc_next_expiry", pa.int64()),
     pa.field("_cdc_updated_batch", pa.int64()),
+    pa.field(OLDEST_DELETION, pa.int64()),     # state.purge.oldest_deletion_time: lets a purge skip files
 ]
+# Columns Delta keeps file statistics of (min/max per file): what reads and purges filter on.
+STATS_PROPERTY = "delta.dataSkippingStatsColumns"
+STATS_COLUMNS = ("_cdc_token", "_cdc_next_expiry", "_cdc_updated_batch", OLDEST_DELETION)
 META_FIELDS = [pa.field(META_PREFIX + f.name, _nullable(f.type)) for f in STATE_SCHEMA] + _EXTRA_META
 META_COLUMNS = [f.name for f in META_FIELDS]
 MERGE_KEY = ("_cdc_token", "_cdc_partition_key", "_cdc_row_kind", "_cdc_clustering")
@@ -299,6 +314,7 @@ def partition_rows(table, partition_key: bytes, part: PartitionState, now: int, 
         row["_cdc_live"] = live
         row["_cdc_next_expiry"] = next_expiry
         row["_cdc_updated_batch"] = batch_seq
+        row[OLDEST_DELETION] = oldest_deletion_time(rec)
         out.append(row)
     return out
 
@@ -511,7 +527,9 @@ class DeltaRsStateStore:
         if self.outbox_committed(batch_seq):
             return False
         data = _as_reader(rows, OUTBOX_SCHEMA)
-        write_deltalake(self.events_uri(), data, mode="append", partition_by=["batch_id"],
+        # no partitioning (an outbox an earlier version partitioned by batch_id keeps its layout until the
+        # maintenance step rewrites it): a file per batch, which upkeep compacts; a reader finds a batch by statistics
+        write_deltalake(self.events_uri(), data, mode="append",
                         storage_options=self.storage_options or None,
                         commit_properties=self._props(batch_seq, **{"cdc.batch_id": batch_id}))
         if self.fail_hook:
@@ -526,15 +544,19 @@ class DeltaRsStateStore:
         dt = self._open(uri)
         if dt is None:
             DeltaTable.create(uri, want, mode="ignore", storage_options=self.storage_options or None,
-                              name=table.qualified_name,
-                              configuration={"delta.dataSkippingStatsColumns": ",".join(
-                                  ["_cdc_token", "_cdc_next_expiry", "_cdc_updated_batch"])})
+                              name=table.qualified_name, configuration={STATS_PROPERTY: ",".join(STATS_COLUMNS)})
             return self._open(uri)
         have = set(dt.schema().to_arrow().names if hasattr(dt.schema(), "to_arrow") else
                    [f.name for f in dt.schema().fields])
         missing = [f for f in want if f.name not in have]
         if missing:
             dt.alter.add_columns([Field.from_arrow(f) for f in missing])
+            dt = self._open(uri)
+        stats = (dt.metadata().configuration or {}).get(STATS_PROPERTY)
+        if stats is not None and not set(STATS_COLUMNS) <= set(stats.split(",")):
+            # a table from before a statistics column existed (OLDEST_DELETION): files written from now on have it
+            wanted = dict.fromkeys(stats.split(",") + list(STATS_COLUMNS))
+            dt.alter.set_table_properties({STATS_PROPERTY: ",".join(wanted)})
             dt = self._open(uri)
         evolved, changed = _evolved_target(table, pa.schema(dt.schema().to_arrow()))
         if changed:
@@ -582,6 +604,126 @@ class DeltaRsStateStore:
             del rows
         return self.commit(table, batch_seq, source)
 
+    # --- maintenance (under the store's Delta writer lock: never at the same time as a batch) ---
+    def purge(self, table, now: int, *, chunk_rows: int = 200_000) -> dict:
+        """Remove from the table's state what Cassandra would purge at ``now`` under its ``gc_grace_seconds``
+        (``state.purge``). A record left empty is deleted (a row kept only to remember its deletion); another one
+        loses its purged parts. Its typed columns, ``_cdc_live`` and the batch columns stay as the last batch
+        wrote them, since nothing visible changes. Only records whose ``OLDEST_DELETION`` is old enough are read
+        (and those of a table from before that column, which the purge fills in).
+
+        Commits (one MERGE per ``chunk_rows`` changed records) carry no app transaction: a purge is not a batch.
+        Returns {"examined": records read, "rewritten": records changed, "deleted": records removed}.
+        """
+        out = {"examined": 0, "rewritten": 0, "deleted": 0}
+        dt = self._open(self.state_uri(table))
+        if dt is None:
+            return out
+        if OLDEST_DELETION not in pa.schema(dt.schema().to_arrow()).names:
+            dt = self.ensure_table(table)
+        gc_before = now - table.gc_grace_seconds
+        due = pc.field(OLDEST_DELETION) < gc_before
+        names = [f.name for f in STATE_SCHEMA]
+        columns = [META_PREFIX + n for n in names] + ["_cdc_token", "_cdc_next_expiry", OLDEST_DELETION]
+        # Files whose records all have OLDEST_DELETION are skipped by their statistics. Records without it (a
+        # table from before the column) must all be read: deltalake 1.6 also skips a file that has no statistics
+        # of a column added later, whatever the filter, so those tables are read whole and filtered here.
+        known = _oldest_deletion_known(dt)
+        scan = dt.to_pyarrow_dataset().to_batches(columns=columns, filter=due if known else None)
+        rows: list = []
+        with gc_paused():
+            for chunk in scan:
+                if not known:
+                    chunk = chunk.filter(pc.or_kleene(pc.less(chunk[OLDEST_DELETION], gc_before),
+                                                      pc.is_null(chunk[OLDEST_DELETION])))
+                for r in chunk.to_pylist():
+                    out["examined"] += 1
+                    rec = {n: r[META_PREFIX + n] for n in names}
+                    part = partition_from_records([rec])
+                    changed = purge_partition(table, part, now, reflected_before=r["_cdc_next_expiry"])
+                    if not changed and r[OLDEST_DELETION] is not None:
+                        continue
+                    key = {"_cdc_token": r["_cdc_token"], "_cdc_partition_key": rec["partition_key"],
+                           "_cdc_row_kind": rec["row_kind"], "_cdc_clustering": rec["clustering"]}
+                    left = partition_to_records(rec["partition_key"], part)
+                    if not left:
+                        rows.append({**key, DELETE_FLAG: True})
+                        out["deleted"] += 1
+                        continue
+                    rows.append({**{META_PREFIX + k: v for k, v in left[0].items()}, **key,
+                                 OLDEST_DELETION: oldest_deletion_time(left[0]), DELETE_FLAG: False})
+                    out["rewritten"] += changed
+                    if len(rows) >= chunk_rows:
+                        self._merge_purged(table, rows)
+                        rows = []
+        if rows:
+            self._merge_purged(table, rows)
+        return out
+
+    def _merge_purged(self, table, rows: list) -> None:
+        """One MERGE of purged records (``purge``) into the table's latest version."""
+        from deltalake import CommitProperties
+        dt = self._open(self.state_uri(table))
+        names = ["_cdc_token"] + [META_PREFIX + f.name for f in STATE_SCHEMA] + [OLDEST_DELETION]
+        target = pa.schema(dt.schema().to_arrow())
+        source = pa.Table.from_pylist(rows, schema=pa.schema([META_SCHEMA.field(n) for n in names]
+                                                             + [pa.field(DELETE_FLAG, pa.bool_())]))
+        reader = _aligned_reader(source, source.schema, pa.schema([target.field(n) for n in names]))
+        pred = " AND ".join(f"t.{k} = s.{k}" for k in MERGE_KEY)
+        (dt.merge(reader, pred, source_alias="s", target_alias="t",
+                  commit_properties=CommitProperties(custom_metadata={"cdc.maintenance": "purge"}))
+           .when_matched_delete(f"s.{DELETE_FLAG}")
+           .when_matched_update({_quote(n): f"s.{_quote(n)}" for n in names})
+           .execute())
+
+    def compact_and_vacuum(self, uri: str, vacuum_retention_hours: int) -> Optional[dict]:
+        """Merge the small files of the table at ``uri`` and delete the files no version of the last
+        ``vacuum_retention_hours`` uses; {"files_added", "files_removed", "vacuumed"}, None when there is no table."""
+        dt = self._open(uri)
+        if dt is None:
+            return None
+        m = dt.optimize.compact()
+        vacuumed = dt.vacuum(retention_hours=vacuum_retention_hours, dry_run=False,
+                             enforce_retention_duration=vacuum_retention_hours >= 168)
+        return {"files_added": int(m.get("numFilesAdded", 0)), "files_removed": int(m.get("numFilesRemoved", 0)),
+                "vacuumed": len(vacuumed)}
+
+    def trim_outbox(self, through_seq: int) -> int:
+        """Delete the outbox rows of the batches up to ``through_seq`` (retention); returns the rows deleted."""
+        from deltalake import CommitProperties
+        dt = self._open(self.events_uri())
+        if dt is None:
+            return 0
+        m = dt.delete(f"batch_seq <= {int(through_seq)}",
+                      commit_properties=CommitProperties(custom_metadata={"cdc.maintenance": "outbox retention"}))
+        return int(m.get("num_deleted_rows", 0))
+
+    def unpartition_outbox(self) -> int:
+        """Rewrite an outbox partitioned by ``batch_id`` (as earlier versions wrote it: thousands of tiny
+        partitions) without partitions, in one commit that keeps every row and the app transactions. The rows are
+        streamed batch after batch, in batch order, so each new file holds a run of batches (file statistics then
+        find a batch). Returns the rows rewritten (0 when the outbox is not partitioned)."""
+        import pyarrow.dataset as pds
+        from deltalake import CommitProperties, write_deltalake
+        dt = self._open(self.events_uri())
+        if dt is None or not dt.metadata().partition_columns:
+            return 0
+        ds = dt.to_pyarrow_dataset()
+        fragments = sorted(ds.get_fragments(),
+                           key=lambda f: str(pds.get_partition_keys(f.partition_expression).get("batch_id", "")))
+        count = [0]
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            for f in fragments:
+                for b in f.to_batches(schema=ds.schema, columns=OUTBOX_SCHEMA.names):
+                    count[0] += b.num_rows
+                    yield b.cast(OUTBOX_SCHEMA)
+        write_deltalake(self.events_uri(), pa.RecordBatchReader.from_batches(OUTBOX_SCHEMA, batches()),
+                        mode="overwrite", schema_mode="overwrite", partition_by=[],
+                        storage_options=self.storage_options or None,
+                        commit_properties=CommitProperties(custom_metadata={"cdc.maintenance": "outbox layout"}))
+        return count[0]
+
 
 META_SCHEMA = pa.schema(META_FIELDS)
 
@@ -599,6 +741,19 @@ def states_from_rows(t: pa.Table) -> dict:
             else:
                 recs.append(r)
         return {pk: partition_from_records(recs) for pk, recs in groups.items()}
+
+
+def _oldest_deletion_known(dt) -> bool:
+    """Whether every record of the table has ``OLDEST_DELETION`` and every file its statistics (not so in a table
+    from before that column until its first purge)."""
+    actions = pa.table(dt.get_add_actions(flatten=True))
+    if not actions.num_rows:
+        return True
+    nulls = f"null_count.{OLDEST_DELETION}"
+    if nulls not in actions.column_names:
+        return False
+    counts = actions[nulls]
+    return counts.null_count == 0 and not pc.any(pc.greater(counts, 0)).as_py()
 
 
 def _as_reader(data, schema: pa.Schema) -> pa.RecordBatchReader:

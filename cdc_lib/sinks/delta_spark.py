@@ -86,7 +86,8 @@ class DeltaSparkStateStore(DeltaRsStateStore):
         if self.outbox_committed(batch_seq):
             return False
         df = self._frame(rows, OUTBOX_SCHEMA).select(*OUTBOX_SCHEMA.names)
-        (df.write.format("delta").mode("append").partitionBy("batch_id")
+        # no partitionBy: a new outbox is unpartitioned, one written by an earlier version keeps its own layout
+        (df.write.format("delta").mode("append")
            .option("txnAppId", self.app_id).option("txnVersion", str(batch_seq))
            .option("userMetadata", json.dumps({"cdc.batch_id": batch_id, "cdc.batch_seq": str(batch_seq)},
                                               sort_keys=True))

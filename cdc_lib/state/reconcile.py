@@ -48,8 +48,10 @@ Reconciliation follows Cassandra 4.0/5.0 (``Cells.resolveRegular``, ``LivenessIn
 
 Shadowed data is purged as soon as a *regular* tombstone covers it (Cassandra purges it on read): deletions
 only ever grow, so a purged cell would stay shadowed in any later join and the join stays exact. Data under a
-shadowable deletion is kept because newer liveness can lift that deletion. Tombstones themselves are kept
-forever (no gc_grace here): a late write older than a range or partition deletion must never resurrect.
+shadowable deletion is kept because newer liveness can lift that deletion. Tombstones themselves are kept here, so
+that a late write older than a deletion stays shadowed, until ``state.purge`` drops them after the table's
+``gc_grace_seconds``, as Cassandra's compaction does (and with Cassandra's consequence: a write older than a purged
+tombstone that arrives later resurrects).
 
 Visible rows follow CQL ``SELECT *``: a clustering row is visible iff it has live primary-key liveness or at
 least one live cell, and its image carries the partition key, clustering, regular and static columns (static

@@ -1,0 +1,228 @@
+"""Bounded growth: the tombstone purge after gc_grace_seconds, the outbox's retention and layout, the maintenance step.
+
+The purge is checked against the reference model (which keeps every tombstone and knows nothing of purging): a
+purge must change no row and no event, so the state after it, and every event published after it, still equal the
+model's. Its one visible consequence, a late write that resurrects, is checked in ``late_write`` (and against a
+real Cassandra node in ``test_real_cluster``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+from event_invariant import check_events
+from late_write import engine_rows
+from reference_model import json_table, published_states
+from reference_model import visible_table as model_table
+
+from cdc_lib import pipeline as P
+from cdc_lib.celllog.records import mutation_records, records_to_batch
+from cdc_lib.celllog.schema import decode_clustering
+from cdc_lib.commitlog.model import NO_DELETION_TIME, Mutation
+from cdc_lib.demo.workload import SAMPLE_SCHEMA_CQL, START_US, Workload, sample_schema
+from cdc_lib.errors import ConfigError
+from cdc_lib.sinks.delta import (OLDEST_DELETION, OUTBOX_SCHEMA, DeltaRsStateStore, read_outbox, read_state,
+                                 run_store_batch, state_arrow_schema, visible_table)
+
+NOW0 = START_US // 1_000_000
+
+
+def _batch(store, schema, mutations, seq: int, now: int, prev_now) -> None:
+    """Batch ``seq``: every mutation as three replicas logged it."""
+    recs = []
+    for j, m in enumerate(mutations):
+        for r in range(3):
+            copy = Mutation(m.updates, f"CommitLog-7-{r + 1}{seq:04d}.log", (r + 1) * 10_000 + seq, 64 + 17 * j,
+                            mutation_id=m.mutation_id)
+            recs += mutation_records(copy, j)
+    run_store_batch(store, schema, [records_to_batch(recs)] if recs else [], batch_id=P.batch_id_for(seq),
+                    batch_seq=seq, now=now, prev_now=prev_now)
+
+
+def _exact(root, table, now: int) -> dict:
+    """The table at ``now`` recomputed from the stored metadata, keyed as the reference model keys it."""
+    rows = visible_table(table, read_state(str(root), table.keyspace, table.name), now)
+    return {(pk, None if ck is None else decode_clustering(ck)): row for (pk, ck), row in rows.items()}
+
+
+def _live_view(root, table) -> list:
+    """What ``SELECT <typed columns> WHERE _cdc_live`` shows (the view users query), as sorted JSON."""
+    state = read_state(str(root), table.keyspace, table.name)
+    names = [n for n in state.column_names if not n.startswith("_cdc_")]
+    return sorted(json.dumps(r, sort_keys=True, default=repr) for r in
+                  state.filter(state["_cdc_live"]).select(names).to_pylist())
+
+
+def test_purge_changes_no_row_and_no_event_and_leaves_only_live_data(tmp_path):
+    """gc_grace_seconds = 0 everywhere, every kind of write (TTLs, collections, counters, statics, range and partition
+    deletes, late timestamps). A purge after the last batch, at a time when more TTLs have run out than that batch
+    saw, changes neither the exact state nor the queried view; the next batch still publishes those expiries (the
+    purge keeps an expired cell until a batch showed it expired); and once it has, a purge leaves only live data."""
+    schema = sample_schema()
+    for tid, t in list(schema.tables.items()):
+        schema.tables[tid] = dataclasses.replace(t, gc_grace_seconds=0)
+    tables = [t for t in schema.tables.values() if t.keyspace == "shop"]
+    mutations = list(Workload(schema, seed=5, partitions=8).mutations(90))
+    batches = [mutations[:30], mutations[30:60], mutations[60:]]
+    nows = [NOW0 + 5, NOW0 + 90, NOW0 + 180]
+    store = DeltaRsStateStore(str(tmp_path))
+    for i, (batch, now) in enumerate(zip(batches, nows)):
+        _batch(store, schema, batch, i + 1, now, nows[i - 1] if i else None)
+    tables = [t for t in tables if store.snapshot([t])]
+    last = nows[-1]
+    exact = {t.name: _exact(tmp_path, t, last) for t in tables}
+    assert exact == {t.name: model_table(t, mutations, last) for t in tables}
+    view = {t.name: _live_view(tmp_path, t) for t in tables}
+
+    purge_at = NOW0 + 3700            # every TTL (60 s, 3600 s) has run out; those of 3600 s after the last batch
+    counts = [store.purge(t, purge_at) for t in tables]
+    assert sum(c["deleted"] for c in counts) > 0 and sum(c["rewritten"] for c in counts) > 0
+    for t in tables:
+        assert _exact(tmp_path, t, last) == exact[t.name], t.name
+        assert _live_view(tmp_path, t) == view[t.name], t.name
+
+    _batch(store, schema, [], 4, purge_at + 1, last)        # the sweep of what expired since the last batch
+    batches.append([])
+    nows.append(purge_at + 1)
+    for t in tables:
+        replayed: dict = {}
+        events = []
+        for seq in range(1, 5):
+            for r in read_outbox(str(tmp_path), P.batch_id_for(seq)):
+                if r["table"] == t.name:
+                    after = json.loads(r["event_json"])["after"]
+                    if after is None:
+                        replayed.pop(r["key_json"], None)
+                    else:
+                        replayed[r["key_json"]] = after
+                    events.append((r["key_json"], json.loads(r["event_json"])))
+        assert replayed == json_table(t, model_table(t, mutations, purge_at + 1)), t.name
+        check_events(events, published_states(t, batches, nows), complete=True)
+
+    for t in tables:
+        store.purge(t, purge_at + 2)
+        rows = read_state(str(tmp_path), t.keyspace, t.name)
+        assert set(rows[OLDEST_DELETION].to_pylist()) <= {NO_DELETION_TIME}, t.name     # no tombstone, no TTL left
+        assert _exact(tmp_path, t, purge_at + 2) == model_table(t, mutations, purge_at + 2), t.name
+
+
+def test_a_write_older_than_a_purged_tombstone_resurrects_the_row(tmp_path):
+    """The documented consequence (as in Cassandra: test_real_cluster runs the same statements on a real node)."""
+    rows = engine_rows(tmp_path, NOW0)
+    assert rows == {"gc0": ([(1, "late")], ["c"]), "keep": ([], [])}
+
+
+# ------------------------------------------------------------------------------------ the maintenance step
+
+@pytest.fixture
+def cfg(tmp_path) -> P.PipelineConfig:
+    cql = SAMPLE_SCHEMA_CQL + "\nALTER TABLE shop.orders WITH gc_grace_seconds = 0;\n"
+    (tmp_path / "schema.cql").write_text(cql)
+    (tmp_path / "store").mkdir()
+    return P.PipelineConfig(store_url=str(tmp_path / "store"), cluster="c1", schema_file=str(tmp_path / "schema.cql"),
+                            outbox_retention_hours=1)
+
+
+def _pipeline_batches(cfg, n: int, step_s: int) -> list:
+    """``n`` batches of orders written and deleted, run as the transform runs them, with manifests as archive
+    leaves them (``now`` ``step_s`` apart); returns their nows."""
+    schema = P.load_schema(cfg)
+    orders = schema.by_name("shop", "orders")
+    assert orders.gc_grace_seconds == 0 and schema.by_name("shop", "sessions").gc_grace_seconds == 864000
+    store = P.open_store(cfg)
+    st = DeltaRsStateStore(P.delta_root(cfg, store))
+    w = Workload(schema, seed=3, tables=["orders"], partitions=6, ttl_fraction=0)
+    nows = []
+    for seq in range(1, n + 1):
+        now = NOW0 + seq * step_s
+        _batch(st, schema, list(w.mutations(30)), seq, now, nows[-1] if nows else None)
+        P.save_batch(store, P.Batch(P.batch_id_for(seq), seq, "archived", [], now, nows[-1] if nows else None))
+        store.put_json(P.POINTER_KEY, {"batch_seq": seq, "batch_id": P.batch_id_for(seq)})
+        nows.append(now)
+    return nows
+
+
+def test_maintenance_purges_trims_the_outbox_and_waits_for_a_half_written_batch(cfg):
+    nows = _pipeline_batches(cfg, 4, 1800)          # half an hour apart; retention 1 h
+    store = P.open_store(cfg)
+    root = P.delta_root(cfg, store)
+    st = DeltaRsStateStore(root)
+    tombstones = lambda: sum(1 for r in read_state(root, "shop", "orders").to_pylist()  # noqa: E731
+                             if r[OLDEST_DELETION] != NO_DELETION_TIME)
+    before = tombstones()
+    assert before > 0
+    # batch 4 crashed after its outbox commit: it is 'claimed' again; its rerun must find the state it started from
+    P.save_batch(store, dataclasses.replace(P.read_batch(store, P.batch_id_for(4)), state="claimed"))
+    cfg.now = nows[-1] + 10
+    out = P.delta_upkeep(cfg)
+    assert out["purge_skipped"] == 1 and out["purge_examined_records"] == 0 and tombstones() == before
+    # retention: batches processed more than an hour before, and archived; batch 4 is not archived
+    assert [bool(list(read_outbox(root, P.batch_id_for(s)))) for s in range(1, 5)] == [False, False, True, True]
+    assert out["outbox_rows_deleted"] > 0
+    assert st.outbox_committed(4)                    # the app transactions stay
+
+    P.save_batch(store, dataclasses.replace(P.read_batch(store, P.batch_id_for(4)), state="archived"))
+    out = P.delta_upkeep(cfg)
+    assert out["purge_skipped"] == 0 and out["purged_records"] > 0 and tombstones() == 0
+    assert P.read_metrics(cfg)["last"]["maintenance"]["purged_records"] == out["purged_records"]
+
+
+def test_an_outbox_partitioned_by_batch_id_keeps_working_and_is_rewritten_once(cfg):
+    """What earlier versions wrote: one partition per batch. Appends and reads keep working; the maintenance step
+    rewrites it without partitions in one commit that keeps every row and the app transactions."""
+    store = P.open_store(cfg)
+    st = DeltaRsStateStore(P.delta_root(cfg, store))
+    from deltalake import CommitProperties, Transaction
+
+    def rows(seq, n):
+        return pa.Table.from_pylist([{"batch_id": P.batch_id_for(seq), "batch_seq": seq, "seq": i, "event_id": f"e{i}",
+                                      "keyspace": "shop", "table": "orders", "op": "c", "key_json": "{}",
+                                      "event_json": "{}", "ts_us": 1, "ts_ms": 1} for i in range(n)],
+                                    schema=OUTBOX_SCHEMA)
+    for seq in (1, 2):
+        write_deltalake(st.events_uri(), rows(seq, 3), mode="append", partition_by=["batch_id"],
+                        commit_properties=CommitProperties(app_transactions=[Transaction(st.app_id, seq)]))
+    assert st.write_outbox(3, rows(3, 2), P.batch_id_for(3)) and not st.write_outbox(3, rows(3, 2))
+    assert DeltaTable(st.events_uri()).metadata().partition_columns == ["batch_id"]
+    assert [len(list(read_outbox(st.root, P.batch_id_for(s)))) for s in (1, 2, 3)] == [3, 3, 2]
+
+    assert st.unpartition_outbox() == 8 and st.unpartition_outbox() == 0
+    assert DeltaTable(st.events_uri()).metadata().partition_columns == []
+    assert [[r["seq"] for r in read_outbox(st.root, P.batch_id_for(s))] for s in (1, 2, 3)] == \
+        [[0, 1, 2], [0, 1, 2], [0, 1]]
+    assert st.outbox_committed(3) and not st.outbox_committed(4)
+    assert st.write_outbox(4, rows(4, 1), P.batch_id_for(4))
+    assert len(list(read_outbox(st.root, P.batch_id_for(4)))) == 1
+
+
+def test_a_state_table_from_before_the_purge_column_gets_it(tmp_path):
+    """A state table written before ``_cdc_oldest_deletion`` existed: the purge adds the column, examines every
+    record once (deltalake would skip its files on a filter over the new column), fills it in, and purges what is
+    due."""
+    schema = sample_schema()
+    orders = dataclasses.replace(schema.by_name("shop", "orders"), gc_grace_seconds=0)
+    schema.tables[orders.id] = orders
+    new_root, old_root = tmp_path / "new", tmp_path / "old"
+    w = Workload(schema, seed=8, tables=["orders"], partitions=6, ttl_fraction=0)
+    mutations = list(w.mutations(40))
+    _batch(DeltaRsStateStore(str(new_root)), schema, mutations, 1, NOW0 + 5, None)
+    current = read_state(str(new_root), "shop", "orders")
+    old_schema = pa.schema([f for f in state_arrow_schema(orders) if f.name != OLDEST_DELETION])
+    write_deltalake(str(old_root / "delta" / "state" / "shop.orders"),
+                    current.select(old_schema.names).cast(old_schema))
+    st = DeltaRsStateStore(str(old_root))
+    counts = st.purge(orders, NOW0 + 10, chunk_rows=5)          # several MERGE commits
+    assert counts["examined"] == current.num_rows and counts["deleted"] > 0
+    assert None not in read_state(str(old_root), "shop", "orders")[OLDEST_DELETION].to_pylist()
+    assert _exact(old_root, orders, NOW0 + 10) == model_table(orders, mutations, NOW0 + 10)
+    assert st.purge(orders, NOW0 + 10)["examined"] == 0         # nothing old enough is left to look at
+
+
+def test_outbox_retention_setting():
+    assert P.PipelineConfig().outbox_retention_hours == 168
+    assert P.PipelineConfig.from_mapping({"outbox_retention_hours": "none"}).outbox_retention_hours is None
+    with pytest.raises(ConfigError, match="outbox_retention_hours must be >= 0"):
+        P.PipelineConfig(outbox_retention_hours=-1)
