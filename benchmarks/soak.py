@@ -205,10 +205,11 @@ class Writer(threading.Thread):
         super().__init__(daemon=True, name="writer")
         from cassandra.cluster import Cluster
         from cassandra.policies import ConstantReconnectionPolicy
-        # Reconnect every second: the default policy backs off to minutes after the node's restarts.
+        # Reconnect every second, for ever: the default policy backs off to minutes, and a constant one gives up
+        # after 64 attempts (a restart of the node takes longer here).
         self.driver = Cluster(cluster.contact_points, port=cluster.native_port, protocol_version=5,
                               connect_timeout=30, control_connection_timeout=30,
-                              reconnection_policy=ConstantReconnectionPolicy(1.0))
+                              reconnection_policy=ConstantReconnectionPolicy(1.0, max_attempts=None))
         self.session = self.driver.connect(KS)
         self.session.default_timeout = 30
         s = self.session
@@ -227,7 +228,7 @@ class Writer(threading.Thread):
         r, k, c = self.rng.random(), self.rng.randrange(PARTITIONS), self.rng.randrange(ROWS)
         if r < 0.55:
             # ~1 KB a write on average: at 50 writes/s a 1 MiB segment closes about every 20 s
-            text = "".join(self.rng.choice("abcdefghij ") for _ in range(self.rng.randrange(500, 3000)))
+            text = "".join(self.rng.choices("abcdefghij ", k=self.rng.randrange(500, 3000)))
             return "insert", (k, c, text, self.rng.getrandbits(40), {f"t{self.rng.randrange(20)}"})
         if r < 0.75:
             return "update_n", (self.rng.getrandbits(40), k, c)
@@ -404,8 +405,9 @@ def _round(v):
     return None if v is None else round(v, 1)
 
 
-def write_svg(path: Path, rows: list, faults: list, title: str) -> None:
-    """Three stacked charts over time (rates, lag, RSS), fault moments as labelled vertical lines; no library."""
+def write_svg(path: Path, rows: list, faults: list, title: str, load_end: float | None = None) -> None:
+    """Three stacked charts over time (rates, lag, RSS), fault moments (and the end of the load) as labelled
+    vertical lines; no library."""
     w, h, pad, gap = 900, 190, 50, 40
     panels = [("writes/s and events/s", [("writes/s", "writes_per_s", "#888"), ("events/s", "events_per_s", "#1565c0")]),
               ("end-to-end lag (s), segments published in each window",
@@ -430,14 +432,19 @@ def write_svg(path: Path, rows: list, faults: list, title: str) -> None:
         out.append(f'<text x="{pad}" y="{top - 6}">{_esc(name)}</text>')
         out.append(f'<rect x="{pad}" y="{top}" width="{w - 2 * pad}" height="{h}" fill="none" stroke="#ccc"/>')
         out.append(f'<text x="4" y="{top + 10}">{y_max:.0f}</text><text x="4" y="{top + h}">0</text>')
-        for t, kind, _, _ in faults:
-            out.append(f'<line x1="{sx(t):.1f}" x2="{sx(t):.1f}" y1="{top}" y2="{top + h}" stroke="#f0a" '
-                       f'stroke-dasharray="3,3"/><text x="{sx(t) + 2:.1f}" y="{top + 10}" fill="#f0a">{kind}</text>')
+        marks = [(t, kind, "#f0a") for t, kind, _, _ in faults]
+        if load_end is not None:
+            marks.append((load_end, "load stops, drain", "#555"))
+        for n, (t, label, color) in enumerate(marks):
+            out.append(f'<line x1="{sx(t):.1f}" x2="{sx(t):.1f}" y1="{top}" y2="{top + h}" stroke="{color}" '
+                       f'stroke-dasharray="3,3"/><text x="{sx(t) + 2:.1f}" y="{top + 10 + 11 * (n % 2)}" '
+                       f'fill="{color}">{_esc(label)}</text>')
         for j, (label, key, color) in enumerate(series):
             pts = [(sx(r["t"]), sy(value(r, key))) for r in rows if value(r, key) is not None]
             if pts:
                 out.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="'
                            + " ".join(f"{x:.1f},{y:.1f}" for x, y in pts) + '"/>')
+                out += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2" fill="{color}"/>' for x, y in pts]
             out.append(f'<text x="{w - pad - 120}" y="{top + 14 + 12 * j}" fill="{color}">{_esc(label)}</text>')
         out.append(f'<text x="{pad}" y="{top + h + 14}">0 s</text>'
                    f'<text x="{w - pad - 30}" y="{top + h + 14}">{t_max:.0f} s</text>')
@@ -461,7 +468,7 @@ class Soak:
         self.env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
         self.cassandra = LocalCassandra(self.work / "cassandra", 1, cluster_name="soak")
         self.kafka = Kafka(self.work / "kafka")
-        self.agent = self.tasks = self.writer = self.cfg = self.store = None
+        self.agent = self.tasks = self.writer = self.faults = self.cfg = self.store = None
         self.t0 = time.monotonic()
 
     def elapsed(self) -> float:
@@ -513,7 +520,7 @@ class Soak:
         self.t0 = time.monotonic()
         load_until = self.t0 + args.minutes * 60
         sampler = Sampler(self, args.sample_every)
-        faults = Faults(self, args.faults, args.fault_every, load_until, args.seed + 1)
+        faults = self.faults = Faults(self, args.faults, args.fault_every, load_until, args.seed + 1)
         say(f"load: {args.rate:g} writes/s for {args.minutes:g} min; faults {','.join(args.faults)} every "
             f"{args.fault_every:g} s on average (seed {args.seed})")
         self.writer.start()
@@ -600,6 +607,11 @@ class Soak:
                 "checks": {k: {"ok": ok, "detail": d} for k, (ok, d) in checks.items()}}
 
     def stop(self) -> None:
+        """Everything this soak started, by PID (also after Ctrl-C: a fault under way ends first, so the process it
+        is starting again is known)."""
+        if self.faults is not None:
+            self.faults.stop_event.set()
+            self.faults.join(600)
         for stop in (lambda: self.tasks and self.tasks.stop_event.set(),
                      lambda: self.agent and self.agent.kill(signal.SIGTERM),
                      lambda: self.cassandra.stop(graceful=False), self.kafka.stop):
@@ -688,7 +700,8 @@ def main(argv=None) -> int:
     (soak.work / "soak.json").write_text(json.dumps(result, indent=2, default=str))
     plot = Path(args.plot) if args.plot else soak.work / "soak.svg"
     write_svg(plot, result["samples"], result["faults"],
-              f"cassandra-cdc soak: {args.minutes:g} min, {args.rate:g} writes/s, seed {args.seed}")
+              f"cassandra-cdc soak: {args.minutes:g} min, {args.rate:g} writes/s, seed {args.seed}",
+              load_end=args.minutes * 60)
     ok = report(result, args)
     if not keep and ok:                 # the servers' data; the figures and the plot stay
         for sub in ("cassandra", "kafka", "store"):
