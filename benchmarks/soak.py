@@ -34,7 +34,8 @@ the agent ships what is left, the pipeline runs until idle; then the checks, eac
 * the Delta state equals ``SELECT *`` (``demo.compare``: typed values and the driver's own);
 * every event in Kafka has a unique id, and replaying the topics (``after`` of the last event per key, none after
   a delete) gives exactly ``SELECT *``: each change once, none lost;
-* nothing is left in ``incoming/`` and every batch is archived.
+* nothing is left in ``incoming/`` and every batch is archived;
+* and, that the soak meant something, writes were acknowledged again within a minute after each fault.
 
 Writes Cassandra acknowledged but lost when SIGKILLed (its periodic commit-log sync acknowledges before the bytes
 are durable: up to 10 s) are Cassandra's loss: the checks compare with what Cassandra returns after its restarts,
@@ -539,6 +540,8 @@ class Soak:
         sampler.rows.append(sampler.sample())           # the drain's batches
         result.update(writes_acked=acked, writes_failed=failed, faults=faults.log, samples=sampler.rows,
                       task_runs=self.tasks.runs, seconds=round(self.elapsed(), 1))
+        result["checks"]["load_resumed_after_every_fault"] = _load_resumed(sampler.rows, faults.log,
+                                                                           args.minutes * 60)
         all_lags = [x for _, x in sampler.lags]
         load_lags = [x for t, x in sampler.lags if t <= args.minutes * 60]
         result["lag_s"] = {"segments": len(all_lags), "p50": _round(_pctl(all_lags, 0.5)),
@@ -623,6 +626,21 @@ class Soak:
                 if pid:
                     os.kill(pid, signal.SIGKILL)
             self.tasks.join(30)
+
+
+def _load_resumed(rows: list, faults: list, load_end: float, within: float = 60.0) -> dict:
+    """The soak means something only if the load went on: writes acknowledged again within ``within`` seconds of
+    each fault's end (a fault that ended later than that before the end of the load is not judged)."""
+    stalled = []
+    for t, kind, took, _ in faults:
+        back = t + took
+        if back + within > load_end:
+            continue
+        if not any(back < r["t"] <= back + within and r["writes_per_s"] > 0 for r in rows):
+            stalled.append(f"{kind} at {t:.0f} s")
+    return {"ok": not stalled, "detail": f"{len(faults)} faults; no write acknowledged within {within:.0f} s "
+                                         f"after: {', '.join(stalled)}" if stalled else
+            f"{len(faults)} faults; writes acknowledged again within {within:.0f} s after each"}
 
 
 def _canon(value) -> str:
