@@ -33,7 +33,8 @@ def test_short_soak_with_faults_ends_with_state_events_and_store_as_cassandra_sa
         result["faults"]
     assert result["task_runs"]["killed"] >= 1              # a pipeline task died mid-run, and the next resumed
     assert result["writes_acked"] > 1000 and result["rows"] > 100 and result["events"] >= result["rows"]
-    # the lag the script measured from the manifests is the one the pipeline's histogram counted
-    assert result["lag_s"]["segments"] == result["end_to_end_lag_histogram_count"] > 0
+    # the pipeline's end_to_end_lag_seconds counted the published segments (a batch whose task died between its
+    # ledger marker and its metrics is published, and not counted again by the rerun: at most those are missing)
+    assert 0 < result["end_to_end_lag_histogram_count"] <= result["lag_s"]["segments"]
     svg = (work / "soak.svg").read_text()
     assert svg.count("<polyline") >= 4 and all(f">{kind}<" in svg for kind in set(kinds))
