@@ -437,8 +437,10 @@ def write_svg(path: Path, rows: list, faults: list, title: str, load_end: float 
         if load_end is not None:
             marks.append((load_end, "load stops, drain", "#555"))
         for n, (t, label, color) in enumerate(marks):
+            right = sx(t) > w - pad - 100            # near the right edge: the label goes left of its line
             out.append(f'<line x1="{sx(t):.1f}" x2="{sx(t):.1f}" y1="{top}" y2="{top + h}" stroke="{color}" '
-                       f'stroke-dasharray="3,3"/><text x="{sx(t) + 2:.1f}" y="{top + 10 + 11 * (n % 2)}" '
+                       f'stroke-dasharray="3,3"/><text x="{sx(t) + (-2 if right else 2):.1f}" '
+                       f'y="{top + 10 + 11 * (n % 2)}" text-anchor="{"end" if right else "start"}" '
                        f'fill="{color}">{_esc(label)}</text>')
         for j, (label, key, color) in enumerate(series):
             pts = [(sx(r["t"]), sy(value(r, key))) for r in rows if value(r, key) is not None]
