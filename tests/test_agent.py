@@ -163,9 +163,14 @@ def test_40_segment_waits_for_completed_idx(node, segment_bytes):
     write_idx(node, seg_id, "5678\nCOMPL")
     shipped_nothing()  # caught mid-rewrite: partial
     assert agent.metrics()["live_segments"] == 1 and agent.metrics()["pending_segments"] == 0
-    write_idx(node, seg_id, "5678\nCOMPLETED")
+    idx = write_idx(node, seg_id, "5678\nCOMPLETED")
+    completed_at = time.time() - 90           # Cassandra wrote COMPLETED 90 s ago; the agent sees it only now
+    os.utime(link, (completed_at - 30, completed_at - 30))
+    os.utime(idx, (completed_at, completed_at))
     assert agent.run_once() == 1
     assert store.get_bytes(incoming(link.name)) == segment_bytes
+    # the close time travels with the object (where the pipeline's end-to-end lag starts), not the ship time
+    assert float(store.info(incoming(link.name)).attributes["closed_at"]) == pytest.approx(completed_at, abs=1e-3)
     assert not link.exists() and not idx.exists()
     assert orig.exists()  # the commitlog/ file is Cassandra's to delete; only the link was ours
     assert agent.metrics()["segments_shipped"] == 1
@@ -306,10 +311,10 @@ def test_crash_at_any_step_neither_loses_nor_duplicates(node, segment_bytes, cra
     if crash_at == "mid_upload":  # the object's bytes are written, its sidecar is not
         real = store1._write_sidecar
 
-        def sidecar(key, checksum):
+        def sidecar(key, checksum, attributes=None):
             if key.endswith(victim):
                 raise SimulatedCrash(crash_at)
-            real(key, checksum)
+            real(key, checksum, attributes)
 
         monkeypatch.setattr(store1, "_write_sidecar", sidecar)
         hooks = {}
@@ -767,10 +772,10 @@ def test_agent_ships_to_a_real_s3_server_and_recovers_from_a_cut_upload(node, se
 
     real = store._write_sidecar
 
-    def cut(key, checksum):  # the process dies after the PUT of the data, before its sidecar
+    def cut(key, checksum, attributes=None):  # the process dies after the PUT of the data, before its sidecar
         if key.endswith(done.name):
             raise SimulatedCrash()
-        real(key, checksum)
+        real(key, checksum, attributes)
 
     monkeypatch.setattr(store, "_write_sidecar", cut)
     with pytest.raises(SimulatedCrash):

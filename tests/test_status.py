@@ -88,6 +88,11 @@ def test_metrics_command_prints_what_kafka_and_the_store_hold(ran, capsys):
     assert prom_text.value(m, "cassandra_cdc_quarantined_segments_total") == 1
     assert prom_text.value(m, "cassandra_cdc_last_batch_seq") == len(batches)
     assert m["cassandra_cdc_lag_seconds"]["type"] == "histogram"
+    # End to end: every segment an agent shipped has its close time; the torn copy put by hand has none and is
+    # counted as unknown, not guessed.
+    assert m["cassandra_cdc_end_to_end_lag_seconds"]["type"] == "histogram"
+    assert prom_text.value(m, "cassandra_cdc_end_to_end_lag_seconds_count", cluster="c1") == segments - 1
+    assert prom_text.value(m, "cassandra_cdc_end_to_end_lag_unknown_segments_total") == 1
 
 
 def test_backlog_and_lag_per_batch_follow_the_claims(ran):
@@ -100,6 +105,13 @@ def test_backlog_and_lag_per_batch_follow_the_claims(ran):
     for i in range(1, len(backlog)):
         assert backlog[i] == backlog[i - 1] - claimed[i - 1]      # nothing shipped meanwhile: it only drains
     assert all(b["lag_max_s"] is not None and b["lag_max_s"] >= 0 for b in data["batches"])
+    # A segment closes on its node before it reaches the store: end to end is never the shorter lag.
+    for shown, batch in zip(data["batches"], batches):
+        assert all(s["closed_at"] <= s["shipped_at"] for s in batch.segments if "closed_at" in s)
+        if all("closed_at" in s for s in batch.segments):
+            assert shown["end_to_end_lag_max_s"] >= shown["lag_max_s"]
+        else:
+            assert [s["node"] for s in batch.segments if "closed_at" not in s] == ["node9"]
     assert [(q["kind"], q["key"].split("/")[2]) for q in data["quarantined"]] == [("torn_tail", "node9")]
 
 
@@ -220,6 +232,8 @@ def test_status_page_in_headless_chromium_shows_batches_lag_tables_and_quarantin
     assert page.cards["events published"] == str(sum(in_kafka.values()))
     assert page.cards["quarantined entries"] == "1"
     assert page.cards["backlog (segments)"] == "0"                               # drained (the last claim)
+    assert page.cards["segments of unknown close time"] == "1"                   # the torn copy put by hand
+    assert page.cards["end-to-end lag p95 (s)"].startswith("\u2264 ")
     assert page.svg["lag"]["data-points"] == str(len(batches))
     assert page.svg["backlog"]["data-points"] == str(len(batches))
 

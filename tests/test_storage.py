@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
 import uuid
 
 import pytest
@@ -53,6 +54,30 @@ def test_put_file_round_trip_with_sidecar(store, tmp_path):
     assert store.get_bytes(key + CHECKSUM_SUFFIX).decode() == f"{_sha(data)}  {SEG}\n"
     assert store.info(key).checksum == _sha(data)
     assert store.list() == [key]  # the sidecar is not listed as an object
+
+
+def test_sidecar_attributes_round_trip_survive_a_move_and_sha256sum_still_checks(store, tmp_path):
+    data = b"segment bytes"
+    src = tmp_path / SEG
+    src.write_bytes(data)
+    key = Layout.incoming("c1", "n1", SEG)
+    store.put_file(src, key, checksum=_sha(data), attributes={"closed_at": "1732400000.250000"})
+    assert store.info(key).attributes == {"closed_at": "1732400000.250000"}
+    sidecar = store.get_bytes(key + CHECKSUM_SUFFIX)
+    assert sidecar.decode() == f"{_sha(data)}  {SEG}\n# closed_at: 1732400000.250000\n"
+    (tmp_path / "check").mkdir()
+    (tmp_path / "check" / SEG).write_bytes(data)
+    (tmp_path / "check" / "s.sha256").write_bytes(sidecar)
+    done = subprocess.run(["sha256sum", "--strict", "-c", "s.sha256"], cwd=tmp_path / "check",
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    dst = Layout.archived("c1", "n1", SEG)
+    assert store.move(key, dst).attributes == {"closed_at": "1732400000.250000"}
+    assert store.info(dst).attributes == {"closed_at": "1732400000.250000"}
+    store.put_bytes(key, data, checksum=_sha(data))       # written without attributes: none
+    assert store.info(key).attributes == {}
+    with pytest.raises(StorageError, match="attribute"):
+        store.put_file(src, key, checksum=_sha(data), attributes={"bad name": "1"})
 
 
 def test_put_file_refuses_bytes_that_do_not_match_the_checksum(store, tmp_path):
@@ -120,7 +145,7 @@ def test_move_interrupted_before_the_sidecar_is_finished_by_a_retry(store, monke
     class Crash(BaseException):
         pass
 
-    def crash(key, checksum):
+    def crash(key, checksum, attributes=None):
         raise Crash()
 
     monkeypatch.setattr(store, "_write_sidecar", crash)

@@ -3,7 +3,7 @@
 Which files are complete is ``cdc_raw``'s business; the space warnings are ``space``'s.
 
 Per completed segment, oldest id first: sha256 -> upload under ``incoming/<cluster>/<node>/<segment>`` with its
-checksum -> verify in the store -> record ``<state_dir>/shipped/<segment>.json`` -> delete the segment, then its
+checksum and its close time (sidecar attribute ``closed_at``: see ``_closed_at``) -> verify in the store -> record ``<state_dir>/shipped/<segment>.json`` -> delete the segment, then its
 idx -> delete the record.
 
 Crash safety: the key is deterministic and the bytes of a completed segment never change, so an upload repeated
@@ -40,7 +40,7 @@ from typing import Any, Callable
 from cdc_lib.errors import ConfigError, FormatError
 from cdc_lib.metrics import new_histogram, observe
 from cdc_lib.settings import AgentConfig
-from cdc_lib.storage.layout import Layout
+from cdc_lib.storage.layout import CLOSED_AT_ATTRIBUTE, Layout
 from cdc_lib.storage.objects import ObjectNotFound, ObjectStore, sha256_bytes, sha256_file
 
 from .cdc_raw import _IDX_RE, CdcRawScan, CdcSegment, _idx_paths, holds_data, scan_cdc_raw, synced_file_end
@@ -300,7 +300,8 @@ class Agent:
                 key = self._quarantine_conflict(seg, checksum, existing)
                 uploaded = True
             else:
-                info = self.store.put_file(seg.path, key, checksum=checksum)
+                info = self.store.put_file(seg.path, key, checksum=checksum,
+                                           attributes={CLOSED_AT_ATTRIBUTE: f"{closed_at:.6f}"})
                 uploaded = True
                 self._hook("after_upload", seg.name)
                 stored = self.store.info(key)  # re-read from the store: size and checksum as uploaded
@@ -469,7 +470,12 @@ class Agent:
 
 
 def _closed_at(seg: CdcSegment) -> float:
-    """When Cassandra last wrote the segment or its idx (the idx gets COMPLETED when the segment closes)."""
+    """When Cassandra closed the segment: the last write to the segment or its idx (Cassandra rewrites the idx with
+    COMPLETED when it closes the segment; a pre-4.0 segment has no idx and its last write is its close).
+
+    File times, not the moment this agent first saw COMPLETED: they do not depend on the poll interval, and they
+    survive a restart of the agent (a segment closed while it was down keeps its true age). Both are the node's
+    clock, the one Cassandra's own timestamps use."""
     times = [seg.path.stat().st_mtime]
     for p in _idx_paths(seg.path.parent, seg.stem):
         try:

@@ -26,8 +26,14 @@ def pipeline_exposition(m: dict, cluster: str) -> str:
     totals, last, hists = m.get("totals", {}), m.get("last", {}), m.get("histograms", {})
     c = {"cluster": cluster}
     e = Exposition()
-    e.histogram("lag_seconds", "from a segment's arrival in the store to its events in Kafka (add the agent's "
-                               "ship_delay_seconds for the time since the segment closed on the node)",
+    e.histogram("end_to_end_lag_seconds", "from a segment's close on the node (Cassandra completed it) to its "
+                                          "events in Kafka, per segment",
+                hists.get("end_to_end_lag_seconds"), c)
+    e.counter("end_to_end_lag_unknown_segments", "segments published without a close time (shipped by an agent "
+                                                 "that did not record it): not in end_to_end_lag_seconds",
+              totals.get("publish.segments_without_close_time", 0), c)
+    e.histogram("lag_seconds", "from a segment's arrival in the store to its events in Kafka (the pipeline's own "
+                               "part of end_to_end_lag_seconds)",
                 hists.get("lag_seconds"), c)
     for step in STEPS:
         e.histogram("step_duration_seconds", "duration of a pipeline step per batch",
@@ -80,6 +86,7 @@ def status_data(store: ObjectStore, cluster: str, last_batches: int = 50) -> dic
             "events": (steps.get("publish") or {}).get("events"),
             "by_table": (steps.get("publish") or {}).get("by_table") or {},
             "lag_max_s": (steps.get("publish") or {}).get("lag_max_s"),
+            "end_to_end_lag_max_s": (steps.get("publish") or {}).get("end_to_end_lag_max_s"),
             "backlog_segments": sum(n["segments"] for n in backlog.values()),
             "backlog_bytes": sum(n["bytes"] for n in backlog.values()),
             "quarantined_entries": (steps.get("transform") or {}).get("quarantined_entries", 0),
@@ -87,11 +94,14 @@ def status_data(store: ObjectStore, cluster: str, last_batches: int = 50) -> dic
         for q in steps.get("quarantined") or []:
             quarantined.append({"batch_id": b.batch_id, **{k: q.get(k) for k in ("key", "kind", "reason")}})
     lag = (m.get("histograms") or {}).get("lag_seconds")
+    end_to_end = (m.get("histograms") or {}).get("end_to_end_lag_seconds")
     backlog_now = ((m.get("last") or {}).get("claim") or {}).get("backlog")
     return {"cluster": cluster, "store": store.url, "batches": batches, "quarantined": quarantined,
             "backlog_segments": None if backlog_now is None else sum(n["segments"] for n in backlog_now.values()),
             "events_by_table": (m.get("totals") or {}).get("publish.by_table") or {},
             "lag_p50_s": _bound(lag, 0.5), "lag_p95_s": _bound(lag, 0.95),
+            "end_to_end_lag_p50_s": _bound(end_to_end, 0.5), "end_to_end_lag_p95_s": _bound(end_to_end, 0.95),
+            "end_to_end_lag_unknown_segments": (m.get("totals") or {}).get("publish.segments_without_close_time", 0),
             "totals": m.get("totals", {})}
 
 

@@ -34,6 +34,7 @@ publisher points arrive as ``publish:<point>``); tests raise from it or ``os._ex
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Optional
 
@@ -42,7 +43,7 @@ from cdc_lib.errors import CdcError, ConfigError
 from cdc_lib.settings import PipelineConfig
 from cdc_lib.spark.session import spark_session
 from cdc_lib.spark.submit import run_job
-from cdc_lib.storage.layout import Layout, parse_segment_name
+from cdc_lib.storage.layout import CLOSED_AT_ATTRIBUTE, Layout, parse_segment_name
 from cdc_lib.storage.lock import DELTA_WRITER_LOCK, store_lock
 from cdc_lib.storage.objects import ObjectStore
 from cdc_lib.storage.quarantine import quarantined_records
@@ -88,8 +89,11 @@ def _candidates(store: ObjectStore, config: PipelineConfig, incoming: list[str])
         if info.checksum is None:
             incomplete += 1       # an upload cut short, or still running: the next run sees it complete
             continue
-        by_node.setdefault(node, []).append((seg_id, {"key": key, "node": node, "name": name, "size": info.size,
-                                                      "checksum": info.checksum}))
+        seg = {"key": key, "node": node, "name": name, "size": info.size, "checksum": info.checksum}
+        closed_at = _closed_at(info.attributes.get(CLOSED_AT_ATTRIBUTE))
+        if closed_at is not None:
+            seg["closed_at"] = closed_at       # where the end-to-end lag starts (absent: an older agent shipped it)
+        by_node.setdefault(node, []).append((seg_id, seg))
     ranked = []
     for node, segs in by_node.items():
         for rank, (seg_id, seg) in enumerate(sorted(segs, key=lambda s: s[0])):
@@ -100,6 +104,16 @@ def _candidates(store: ObjectStore, config: PipelineConfig, incoming: list[str])
                  config.local_datacenter, ", ".join(f"{node} ({other_dc[node][0]}): {n}"
                                                     for node, n in sorted(skipped.items())))
     return [s for _, s in sorted(ranked, key=lambda r: r[0])], incomplete, sum(skipped.values())
+
+
+def _closed_at(attribute: str | None) -> float | None:
+    """The agent's ``closed_at`` sidecar attribute as unix seconds; None when absent or not a time (unknown lag is
+    counted as unknown, never guessed)."""
+    try:
+        value = float(attribute) if attribute is not None else None
+    except ValueError:
+        return None
+    return value if value is not None and math.isfinite(value) else None
 
 
 def _other_datacenter_nodes(store: ObjectStore, config: PipelineConfig, incoming: list) -> dict:
@@ -426,19 +440,24 @@ def publish(config: PipelineConfig, batch, *, fault: Fault = no_fault) -> Batch:
                                fault=lambda point, **info: fault(f"publish:{point}"))
     res = publisher.publish_batch(batch.batch_id, events)
     in_kafka = time.time()
-    # Lag: from each segment's arrival in the store to its events in Kafka (the agent's ship_delay_seconds
-    # covers cdc_raw -> store). A batch published before (a rerun) adds no lag: its events were in Kafka already.
-    lags = [] if res.skipped else [max(0.0, in_kafka - s["shipped_at"]) for s in batch.segments if "shipped_at" in s]
+    # Lag per segment, to its events in Kafka: from its close on the node (end_to_end_lag_seconds; clocks of node
+    # and pipeline host both count) and from its arrival in the store (lag_seconds). A batch published before (a
+    # rerun) adds none: its events were in Kafka already. A replay's segments (no shipped_at) are not lag.
+    streamed = [] if res.skipped else [s for s in batch.segments if "shipped_at" in s]
+    lags = [max(0.0, in_kafka - s["shipped_at"]) for s in streamed]
+    end_to_end = [max(0.0, in_kafka - s["closed_at"]) for s in streamed if "closed_at" in s]
     counters = {"events": res.events, "produced": res.produced, "already_in_kafka": res.already_in_kafka,
                 "skipped_duplicates": res.already_in_kafka, "ledger_skipped": int(res.skipped),
                 "by_op": tally["by_op"], "by_table": tally["by_table"], "by_table_op": tally["by_table_op"],
                 "lag_max_s": round(max(lags), 3) if lags else None,
+                "end_to_end_lag_max_s": round(max(end_to_end), 3) if end_to_end else None,
+                "segments_without_close_time": len(streamed) - len(end_to_end),
                 "duration_s": round(time.monotonic() - t0, 3)}
     fault("publish:done")
     batch.steps["publish"] = counters
     batch.state = "published"
     save_batch(store, batch)
-    record_metrics(store, "publish", counters, {"lag_seconds": lags})
+    record_metrics(store, "publish", counters, {"lag_seconds": lags, "end_to_end_lag_seconds": end_to_end})
     return batch
 
 

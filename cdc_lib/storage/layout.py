@@ -27,6 +27,9 @@ from cdc_lib.errors import ConfigError, FormatError, SegmentError, StorageError
 
 CHECKSUM_SUFFIX = ".sha256"
 REASON_SUFFIX = ".reason.json"
+# Sidecar attribute of a shipped segment: when Cassandra closed it (unix seconds, the node's clock), where the
+# pipeline's end-to-end lag starts. Segments shipped by agents older than it lack it: their lag is unknown.
+CLOSED_AT_ATTRIBUTE = "closed_at"
 _SEGMENT_NAME_RE = re.compile(r"^CommitLog-(\d+)-(\d+)\.log$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 

@@ -8,6 +8,9 @@ tests, and any other fsspec URL.
 Integrity: an object written with a checksum gets a sidecar ``<key>.sha256`` (``sha256sum`` format, so
 ``sha256sum -c`` works on a local copy). The sidecar is written **last** and removed **first**, so an object is
 *complete* exactly when its sidecar exists; readers ignore objects without one (they are uploads cut short).
+A sidecar may also carry attributes of the object, one ``# <name>: <value>`` line each after the checksum line
+(``sha256sum -c`` skips ``#`` lines, even with ``--strict``): the agent records there when Cassandra closed the
+segment (``closed_at``), which the pipeline's end-to-end lag starts from. A move keeps them.
 Every checksummed write is verified after upload (size, and content by re-reading it or by the server's MD5 ETag).
 
 Keys follow the one layout of ``layout.Layout``.
@@ -20,7 +23,7 @@ import os
 import re
 import shutil
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Iterator
 
@@ -29,15 +32,18 @@ from cdc_lib.errors import ConfigError, ObjectNotFound, StorageError, Verificati
 from .layout import CHECKSUM_SUFFIX, Layout, _check_key
 
 _CHUNK = 1 << 20
+_ATTRIBUTE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
 class ObjectInfo:
-    """What the store knows of one object. ``checksum`` is the sidecar's sha256 hex, None when there is none."""
+    """What the store knows of one object. ``checksum`` is the sidecar's sha256 hex, None when there is none;
+    ``attributes`` the sidecar's ``# name: value`` lines."""
 
     key: str
     size: int
     checksum: str | None = None
+    attributes: dict[str, str] = field(default_factory=dict, compare=False)
 
 
 def sha256_file(path: str | Path) -> tuple[str, int]:
@@ -53,6 +59,17 @@ def sha256_file(path: str | Path) -> tuple[str, int]:
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def _sidecar_text(key: str, checksum: str, attributes: dict[str, str] | None) -> bytes:
+    """``<sha256>  <file name>`` (``sha256sum`` format), then one ``# <name>: <value>`` line per attribute."""
+    lines = [f"{checksum}  {key.rsplit('/', 1)[-1]}\n"]
+    for name, value in sorted((attributes or {}).items()):
+        if not _ATTRIBUTE_NAME.fullmatch(name) or "\n" in str(value) or "\r" in str(value):
+            raise StorageError(f"sidecar attribute {name!r} of {key}: a name of letters, digits and _ and a "
+                               "one-line value are required")
+        lines.append(f"# {name}: {value}\n")
+    return "".join(lines).encode()
 
 
 def _is_hidden_name(name: str) -> bool:
@@ -166,19 +183,24 @@ class ObjectStore:
         self._invalidate(path)
         return sha.hexdigest(), md5.hexdigest(), size
 
-    def _write_sidecar(self, key: str, checksum: str) -> None:
-        line = f"{checksum}  {key.rsplit('/', 1)[-1]}\n".encode()
-        self._write(key + CHECKSUM_SUFFIX, iter([line]))
+    def _write_sidecar(self, key: str, checksum: str, attributes: dict[str, str] | None = None) -> None:
+        self._write(key + CHECKSUM_SUFFIX, iter([_sidecar_text(key, checksum, attributes)]))
 
-    def _read_sidecar(self, key: str) -> str | None:
+    def _read_sidecar(self, key: str) -> tuple[str | None, dict[str, str]]:
+        """(checksum, attributes) of ``key``'s sidecar; (None, {}) when there is none."""
         try:
             text = self._read_all(key + CHECKSUM_SUFFIX).decode("ascii", "replace")
         except ObjectNotFound:
-            return None
+            return None, {}
         value = text.split()[0].lower() if text.split() else ""
         if not re.fullmatch(r"[0-9a-f]{64}", value):
             raise VerificationError(f"{self.url_for(key + CHECKSUM_SUFFIX)}: not a sha256 sidecar")
-        return value
+        attributes = {}
+        for line in text.splitlines()[1:]:
+            name, sep, attr = line[1:].partition(":") if line.startswith("#") else ("", "", "")
+            if sep and _ATTRIBUTE_NAME.fullmatch(name.strip()):
+                attributes[name.strip()] = attr.strip()
+        return value, attributes
 
     def _read_all(self, key: str) -> bytes:
         path = self._path(key)
@@ -208,8 +230,10 @@ class ObjectStore:
         return raw.strip('"').lower() if isinstance(raw, str) else None
 
     # ------------------------------------------------------------------ public API
-    def put_file(self, local_path: str | Path, key: str, *, checksum: str) -> ObjectInfo:
-        """Upload a local file as ``key`` with its sha256 ``checksum``, then verify it in the store.
+    def put_file(self, local_path: str | Path, key: str, *, checksum: str,
+                 attributes: dict[str, str] | None = None) -> ObjectInfo:
+        """Upload a local file as ``key`` with its sha256 ``checksum`` (and sidecar ``attributes``), then verify it
+        in the store.
 
         Raises VerificationError if the local bytes do not hash to ``checksum`` (the file changed since it was
         hashed) or if the stored object does not match; the sidecar is written only after the data is verified.
@@ -221,7 +245,7 @@ class ObjectStore:
                 while chunk := f.read(_CHUNK):
                     yield chunk
 
-        return self._put(key, chunks(), checksum, what=str(local_path))
+        return self._put(key, chunks(), checksum, what=str(local_path), attributes=attributes)
 
     def put_bytes(self, key: str, data: bytes, *, checksum: str | None = None) -> ObjectInfo:
         """Store ``data`` as ``key``. With ``checksum`` (sha256 hex), verify and write the sidecar too."""
@@ -231,8 +255,10 @@ class ObjectStore:
             return ObjectInfo(key, len(data), None)
         return self._put(key, iter([bytes(data)]), checksum.lower(), what="bytes")
 
-    def _put(self, key: str, chunks: Iterator[bytes], checksum: str, *, what: str) -> ObjectInfo:
+    def _put(self, key: str, chunks: Iterator[bytes], checksum: str, *, what: str,
+             attributes: dict[str, str] | None = None) -> ObjectInfo:
         _check_key(key)
+        _sidecar_text(key, checksum, attributes)    # bad attributes fail before anything is written
         # Un-commit first: until the new sidecar is written, the old one would vouch for bytes being replaced.
         self._delete_quiet(key + CHECKSUM_SUFFIX)
         sha, md5, size = self._write(key, chunks)
@@ -241,8 +267,8 @@ class ObjectStore:
             raise VerificationError(f"{what}: content hashes to {sha}, not the expected {checksum}; "
                                     f"not stored as {self.url_for(key)}")
         self._verify_content(key, size, checksum, md5)
-        self._write_sidecar(key, checksum)
-        return ObjectInfo(key, size, checksum)
+        self._write_sidecar(key, checksum, attributes)
+        return ObjectInfo(key, size, checksum, dict(attributes or {}))
 
     def _verify_content(self, key: str, size: int, checksum: str, md5: str | None) -> None:
         got_size = self._size(key)
@@ -310,7 +336,8 @@ class ObjectStore:
     def info(self, key: str) -> ObjectInfo:
         """Size and sidecar checksum (None if the object has no sidecar). ObjectNotFound if absent."""
         size = self._size(key)
-        return ObjectInfo(key, size, self._read_sidecar(key))
+        checksum, attributes = self._read_sidecar(key)
+        return ObjectInfo(key, size, checksum, attributes)
 
     def committed_at(self, key: str) -> float:
         """When ``key`` became complete (its sidecar was written; unix time by the store's clock)."""
@@ -386,9 +413,9 @@ class ObjectStore:
         checksum = src_info.checksum or self._remote_sha256(src)
         self._copy(src, dst)
         self._verify_copy(src, dst, src_info.size, checksum)
-        self._write_sidecar(dst, checksum)
+        self._write_sidecar(dst, checksum, src_info.attributes)
         self.delete(src)
-        return ObjectInfo(dst, src_info.size, checksum)
+        return ObjectInfo(dst, src_info.size, checksum, src_info.attributes)
 
     def _copy(self, src: str, dst: str) -> None:
         s, d = self._path(src), self._path(dst)
