@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import json
 import logging
 import os
 import time
@@ -68,7 +69,7 @@ from cdc_lib.state.batch import process_partition, table_order
 CHUNK_PARTITIONS = 20_000      # partitions per prior-state read in a reconcile task (bounds executor memory)
 RESULT_PREFIX = "cdc-batch-result: "    # the job's last stdout line: this, then its BatchResult as JSON
 SWEEP_KIND = "_sweep"          # marker row: load and sweep this partition even without records
-REC_CELL, REC_DAMAGE = "cell", "damage"
+REC_CELL, REC_DAMAGE, REC_SCANNED = "cell", "damage", "scanned"
 
 log = logging.getLogger(__name__)
 LAST_TIMINGS: dict = {}    # seconds per stage of the last ``run_batch`` in this process (benchmarks read it)
@@ -123,6 +124,7 @@ class BatchResult:
     tables: dict = field(default_factory=dict)      # qualified name -> change rows merged
     skipped_tables: list = field(default_factory=list)
     damaged: list = field(default_factory=list)     # quarantine keys
+    scanned: list = field(default_factory=list)     # token ranges scanned: {table, index, rows, from_store, ms}
 
 
 def _spark_schema(schema: pa.Schema):
@@ -165,9 +167,10 @@ def segment_file(source: str, checksum: Optional[str], store_options: dict):
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _parse_segments(schema, store_url: str, store_options: dict, checksums: dict, cluster: str, batch_id: str):
-    """The ``mapInArrow`` function of step 1 (a closure shipped to executors): rows of ``path`` (segment paths or
-    URLs) in, cell-log rows and one summary row per damage out."""
+def _parse_sources(schema, store_url: str, store_options: dict, cluster: str, batch_id: str, scan_settings=None):
+    """The ``mapInArrow`` function of step 1 (a closure shipped to executors): rows of ``source`` (a source as
+    JSON: a segment's path or URL, or a token range to scan, see ``source_descriptors``) in; cell-log rows, one
+    summary row per damage and one per scanned range out."""
 
     def parse(batches):
         from cdc_lib.celllog.reader import read_cell_log
@@ -175,9 +178,16 @@ def _parse_segments(schema, store_url: str, store_options: dict, checksums: dict
         from cdc_lib.storage.quarantine import quarantine_damage
         store = None
         for b in batches:
-            for source in b.column("path").to_pylist():
+            for text in b.column("source").to_pylist():
+                src = json.loads(text)
+                if src["kind"] == "cql":
+                    if store is None:
+                        store = ObjectStore.from_url(store_url, **store_options)
+                    yield from _scanned_cells(schema, store, scan_settings, src)
+                    continue
+                source = src["path"]
                 damages = []
-                with segment_file(source, checksums.get(source), store_options) as path:
+                with segment_file(source, src.get("checksum"), store_options) as path:
                     for cells in read_cell_log(path, schema, on_damage=damages.append, cdc_only=True):
                         n = cells.num_rows
                         cols = list(cells.columns) + [pa.array([REC_CELL] * n, pa.string()),
@@ -199,8 +209,52 @@ def _parse_segments(schema, store_url: str, store_options: dict, checksums: dict
     return parse
 
 
+def _scanned_cells(schema, store, settings, src: dict):
+    """The cell-log rows of one token range of a live table (``cdc_lib.scan``; scanned once, then read from the
+    store), then its summary row (table, rows, whether an earlier scan was read)."""
+    from cdc_lib.scan import TableScan, TokenRange, scan_range, scan_session
+    from cdc_lib.scan.reader import read_scanned_range
+    keyspace, name = src["table"].split(".", 1)
+    table = schema.by_name(keyspace, name)
+    if table is None:
+        from cdc_lib.errors import UnknownTableError
+        raise UnknownTableError(f"{src['table']} (to scan) is not in the schema")
+    scan = TableScan(table, element_times=src["element_times"], cdc_since=src.get("cdc_since"))
+    rng = TokenRange(src["start"], src["end"])
+    t0 = time.monotonic()
+
+    def scan_rows(stats):
+        return scan_range(scan_session(settings), scan, rng, settings, src["source"], stats)
+    stats: dict = {}
+    for cells in read_scanned_range(store, src["key"], scan_rows, stats):
+        n = cells.num_rows
+        yield pa.RecordBatch.from_arrays(list(cells.columns) + [pa.array([REC_CELL] * n, pa.string()),
+                                                                pa.nulls(n, pa.string()), pa.nulls(n, pa.string())],
+                                         schema=PARSED_SCHEMA)
+    took = time.monotonic() - t0
+    log.info("scan %s: token range %d of %d %s: %d rows in %.1f s%s", src["table"], src["index"] + 1, src["of"],
+             f"({rng.start}, {rng.end}]", stats["rows"], took,
+             " (the earlier scan, read from the store)" if stats["from_store"] else "")
+    yield pa.RecordBatch.from_pylist([{
+        "segment": src["source"], "segment_id": src["index"], "position": stats["rows"],
+        "entry_index": stats["from_store"], "seq": 0, "table_id": str(table.id), "keyspace": keyspace,
+        "table": name, "partition_key": b"", "token": 0, "clustering": b"", "is_static": False, "kind": "",
+        "timestamp": 0, "ttl": 0, "local_deletion_time": int(took * 1000), "_record": REC_SCANNED,
+        "_quarantine_key": src["key"]}], schema=PARSED_SCHEMA)
+
+
+def source_descriptors(segments, checksums: Optional[dict] = None) -> list:
+    """The sources of a batch as the parse step takes them (JSON text): each segment path or URL as
+    ``{"kind": "segment", "path", "checksum"}`` (sha256 hex from ``checksums`` to check a download against), and
+    a dict (a token range to scan: ``{"kind": "cql", ...}``, ``pipeline.bootstrap``) as it is."""
+    checksums = checksums or {}
+    return [json.dumps(s, sort_keys=True) if isinstance(s, dict) else
+            json.dumps({"kind": "segment", "path": str(s), "checksum": checksums.get(str(s))}, sort_keys=True)
+            for s in segments]
+
+
 def _reconcile(schema, root: str, storage_options: dict, app_id: str, versions: dict, now: int,
-               prev_now: Optional[int], cluster: str, batch_seq: int):
+               prev_now: Optional[int], cluster: str, batch_seq: int, create_op: str):
     """The ``mapInArrow`` function of step 3 (a closure shipped to executors)."""
     import uuid
 
@@ -216,7 +270,7 @@ def _reconcile(schema, root: str, storage_options: dict, app_id: str, versions: 
             for pk, tok, recs in parts:
                 real = [r for r in recs if r["kind"] != SWEEP_KIND]
                 res = process_partition(table, pk, tok, real, prior.get(pk), now, prev_now=prev_now,
-                                        cluster=cluster)
+                                        cluster=cluster, create_op=create_op)
                 ks, name = table_order(table)[:2]
                 for i, e in enumerate(res.events):
                     row = outbox_row(table, e, "", 0, 0)
@@ -302,15 +356,19 @@ def run_batch(spark, segments, *, root: str, storage_options: Optional[dict] = N
               schema_file: Optional[str] = None, batch_id: str, batch_seq: int, now: int,
               prev_now: Optional[int] = None, cluster: str = "default", app_id: str = "cassandra-cdc",
               store_url: Optional[str] = None, store_options: Optional[dict] = None,
-              checksums: Optional[dict] = None, fail_hook=None) -> BatchResult:
-    """Reconcile the cell log of ``segments`` (local paths or object-store URLs) into the Delta state tables and
-    the outbox under ``root``.
+              checksums: Optional[dict] = None, fail_hook=None, create_op: str = "c", scan_settings=None,
+              parallelism: int = 1) -> BatchResult:
+    """Reconcile the cell log of ``segments`` (local paths or object-store URLs of segments, or token ranges to
+    scan: ``source_descriptors``) into the Delta state tables and the outbox under ``root``.
 
     ``spark``: a SparkSession (parse and reconcile in its executors, Delta written by delta-spark), or None (the
     whole batch in this process, Delta written by delta-rs). ``now`` (seconds) is the batch's processing time;
     ``prev_now`` the previous batch's, to sweep TTL expiries in between. ``storage_options``: deltalake's for the
     tables; ``store_url``/``store_options``: the store (fsspec) that remote segments are read from and that
-    damage is quarantined in (default ``root``); ``checksums``: segment -> sha256 to check each download against.
+    damage is quarantined in (default ``root``) and scanned ranges are kept in; ``checksums``: segment -> sha256
+    to check each download against. ``create_op``: the op of an event for a row that becomes visible (``r`` for a
+    backfill). ``scan_settings`` (``scan.ScanSettings``): how token ranges are read; ``parallelism``: sources
+    read at once without Spark (token ranges: the scan waits on Cassandra, not on this CPU).
     Safe to run again with the same arguments after any failure.
     """
     if schema is None:
@@ -318,7 +376,7 @@ def run_batch(spark, segments, *, root: str, storage_options: Optional[dict] = N
             raise TypeError("run_batch needs schema or schema_file")
         from cdc_lib.cql.schema_from_ddl import load_cql_schema
         schema = load_cql_schema(Path(schema_file))
-    paths = [str(p) for p in segments]
+    paths = source_descriptors(segments, checksums)
     timings: dict = {}
     LAST_TIMINGS.clear()
     t_start = time.perf_counter()
@@ -338,15 +396,15 @@ def run_batch(spark, segments, *, root: str, storage_options: Optional[dict] = N
     with _timed(timings, "prepare"):
         versions = store.snapshot(tables)
         marks = _sweep_marks(store, tables, now, prev_now)
-    parse = _parse_segments(schema, store_url or root, dict(store_options or {}), dict(checksums or {}), cluster,
-                            batch_id)
-    reconcile = _reconcile(schema, root, storage_options, app_id, versions, now, prev_now, cluster, batch_seq)
+    parse = _parse_sources(schema, store_url or root, dict(store_options or {}), cluster, batch_id, scan_settings)
+    reconcile = _reconcile(schema, root, storage_options, app_id, versions, now, prev_now, cluster, batch_seq,
+                           create_op)
     write = dict(store=store, result=result, todo=todo, outbox_done=outbox_done, batch_id=batch_id,
                  batch_seq=batch_seq, timings=timings)
     if spark is None:
         timings["mode"] = "driver"
-        result.damaged, events, states = _run_in_driver(paths, marks, parse=parse, reconcile=reconcile,
-                                                         timings=timings)
+        result.damaged, result.scanned, events, states = _run_in_driver(
+            paths, marks, parse=parse, reconcile=reconcile, timings=timings, parallelism=parallelism)
         state_rows = zip(*(states.column(c).to_pylist() for c in ("table_id", "n_rows", "payload")))
         _write_outputs(event_chunks=lambda: events.to_batches(max_chunksize=OUTBOX_CHUNK),
                        state_rows=lambda: state_rows, **write)
@@ -382,20 +440,25 @@ def _run_in_spark(spark, paths: list, marks: list, *, parse, reconcile, write: d
     timings, result, store = write["timings"], write["result"], write["store"]
     batch_id, batch_seq = write["batch_id"], write["batch_seq"]
     # 1. parse: consecutive segments per task, at most PARSE_TASKS_PER_CORE tasks per core (a task costs
-    # ~0.1-0.3 s here). The path list is built in the JVM (range + array literal): a Python-RDD source would
-    # add a Python worker round trip to every task.
-    slices = max(1, min(len(paths), spark.sparkContext.defaultParallelism * PARSE_TASKS_PER_CORE))
+    # ~0.1-0.3 s here); a token range to scan is a task of its own (it waits on Cassandra). The source list is
+    # built in the JVM (range + array literal): a Python-RDD source would add a Python worker round trip to every
+    # task.
+    scans = any(json.loads(p)["kind"] == "cql" for p in paths)
+    slices = max(1, len(paths) if scans else
+                 min(len(paths), spark.sparkContext.defaultParallelism * PARSE_TASKS_PER_CORE))
     if paths:
         paths_df = spark.range(0, len(paths), 1, slices).select(
-            F.element_at(F.array(*[F.lit(p) for p in paths]), (F.col("id") + 1).cast("int")).alias("path"))
+            F.element_at(F.array(*[F.lit(p) for p in paths]), (F.col("id") + 1).cast("int")).alias("source"))
     else:
-        paths_df = spark.createDataFrame([], "path string")
+        paths_df = spark.createDataFrame([], "source string")
     parsed = paths_df.mapInArrow(parse, _spark_schema(PARSED_SCHEMA))
     parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        damaged = parsed.filter(F.col("_record") == REC_DAMAGE).select("_quarantine_key")
+        summaries = parsed.filter(F.col("_record") != REC_CELL)
         with _timed(timings, "parse"):      # one job (toLocalIterator would run one per segment)
-            result.damaged = [r[0] for r in damaged.collect()]
+            rows = summaries.collect()
+        result.damaged = [r["_quarantine_key"] for r in rows if r["_record"] == REC_DAMAGE]
+        result.scanned = [_scan_summary(r.asDict()) for r in rows if r["_record"] == REC_SCANNED]
         cells = parsed.filter(F.col("_record") == REC_CELL).drop("_record", "_quarantine_key", "_damage_reason")
 
         # 2. group by partition (+ partitions with expiries to sweep)
@@ -510,21 +573,45 @@ def _outbox_batch(chunk, batch_id: str, batch_seq: int, first_seq: int) -> pa.Re
          pa.array(range(first_seq, first_seq + n), pa.int64())] + cols, schema=OUTBOX_SCHEMA)
 
 
-def _run_in_driver(paths: list, marks: list, *, parse, reconcile, timings: dict):
-    """Steps 1-3 in this process with the same executor functions, for a small batch.
+def _scan_summary(row: dict) -> dict:
+    """What the parse step says of one scanned token range (its ``REC_SCANNED`` row)."""
+    return {"table": f"{row['keyspace']}.{row['table']}", "index": row["segment_id"], "rows": row["position"],
+            "from_store": row["entry_index"], "ms": row["local_deletion_time"], "key": row["_quarantine_key"]}
 
-    Returns (damage quarantine keys, events table sorted in publish order, state rows of ``OUT_SCHEMA``).
-    Memory: the batch's cell log (bounded by ``driver_batch_max_bytes`` of segments) and its output.
+
+def _source_table(paths: list) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict({"source": paths}, schema=pa.schema([("source", pa.string())]))
+
+
+def _run_in_driver(paths: list, marks: list, *, parse, reconcile, timings: dict, parallelism: int = 1):
+    """Steps 1-3 in this process with the same executor functions, for a small batch; ``parallelism`` sources
+    are read at once (threads: for token ranges, which wait on Cassandra).
+
+    Returns (damage quarantine keys, scanned ranges, events table sorted in publish order, state rows of
+    ``OUT_SCHEMA``). Memory: the batch's cell log (bounded by ``driver_batch_max_bytes`` of segments, or the
+    rows of the token ranges of a backfill batch) and its output.
     """
     import pyarrow.compute as pc
     cell_names = [f.name for f in CELL_LOG_SCHEMA]
-    damaged, cells = [], []
+    damaged, scanned, cells = [], [], []
     with _timed(timings, "parse"):
-        for b in parse(iter([pa.RecordBatch.from_pydict({"path": paths}, schema=pa.schema([("path", pa.string())]))])):
-            is_damage = pc.equal(b.column("_record"), REC_DAMAGE)
-            if pc.any(is_damage).as_py():
-                damaged += b.filter(is_damage).column("_quarantine_key").to_pylist()
-                b = b.filter(pc.invert(is_damage))
+        if parallelism > 1 and len(paths) > 1:
+            from concurrent.futures import ThreadPoolExecutor
+            with ThreadPoolExecutor(min(parallelism, len(paths)), thread_name_prefix="cdc-source") as pool:
+                parsed = itertools.chain.from_iterable(
+                    pool.map(lambda p: list(parse(iter([_source_table([p])]))), paths))
+                parsed = list(parsed)
+        else:
+            parsed = parse(iter([_source_table(paths)]))
+        for b in parsed:
+            summary = pc.not_equal(b.column("_record"), REC_CELL)
+            if pc.any(summary).as_py():
+                for r in b.filter(summary).to_pylist():
+                    if r["_record"] == REC_DAMAGE:
+                        damaged.append(r["_quarantine_key"])
+                    else:
+                        scanned.append(_scan_summary(r))
+                b = b.filter(pc.invert(summary))
             if b.num_rows:
                 cells.append(pa.Table.from_batches([b]).select(cell_names))
     with _timed(timings, "group"):
@@ -542,4 +629,4 @@ def _run_in_driver(paths: list, marks: list, *, parse, reconcile, timings: dict)
         events = out.filter(pc.equal(kind, "event")).sort_by(
             [(c, "ascending") for c in EVENT_ORDER]).select(list(EVENT_COLUMNS))
         states = out.filter(pc.equal(kind, "state"))
-    return damaged, events, states
+    return damaged, scanned, events, states

@@ -149,21 +149,22 @@ class _Emitter:
         return static + rest
 
     def diff(self, pk: bytes, part: PartitionState, before: dict, after: dict, now: int, ts_us: int,
-             segment, position, expired: bool, op: Optional[str] = None) -> list:
+             segment, position, expired: bool, create_op: str = OP_CREATE) -> list:
+        """An event per row whose image differs; a row that appears is ``create_op`` (``r`` for a backfill)."""
         out = []
         for key in self.ordered(set(before) | set(after)):
             b = before.get(key)
             a = after.get(key)
             if a == b:
                 continue
-            out.append(self.event(pk, part, key, b, a, now, ts_us, segment, position, expired, op))
+            out.append(self.event(pk, part, key, b, a, now, ts_us, segment, position, expired, create_op))
         return out
 
-    def event(self, pk, part, key, b_img, a_img, now, ts_us, segment, position, expired, op=None) -> dict:
+    def event(self, pk, part, key, b_img, a_img, now, ts_us, segment, position, expired,
+              create_op=OP_CREATE) -> dict:
         table = self.table
         info = self.info
-        if op is None:
-            op = OP_CREATE if b_img is None else (OP_DELETE if a_img is None else OP_UPDATE)
+        op = create_op if b_img is None else (OP_DELETE if a_img is None else OP_UPDATE)
         before = None if b_img is None else _typed_row(info, table, pk, key, b_img)
         after = None if a_img is None else _typed_row(info, table, pk, key, a_img)
         changed = _changed_columns(self.change_plan, b_img, a_img)
@@ -237,8 +238,11 @@ def _scope(table, part: PartitionState, rec):
 
 
 def apply_batch(table, states: dict, records: Iterable, now: int, *, cluster: str = "", node: str = "",
-                ts_ms: Optional[int] = None) -> list:
-    """Join ``records`` (cell-log dicts of one table) into ``states`` and return the change events."""
+                ts_ms: Optional[int] = None, create_op: str = OP_CREATE) -> list:
+    """Join ``records`` (cell-log dicts of one table) into ``states`` and return the change events.
+
+    ``create_op``: the op of an event for a row that becomes visible: ``c``, or ``r`` when the records load rows
+    that existed before (a backfill scan: ``OP_READ``)."""
     emitter = _Emitter(table, cluster, node, now * 1000 if ts_ms is None else ts_ms)
     info = emitter.info
     by_key: dict = {}
@@ -291,7 +295,7 @@ def apply_batch(table, states: dict, records: Iterable, now: int, *, cluster: st
             after = partition_images(table, part, now, only)
             source = group[0] if len(group) == 1 else min(group, key=_source_copy)
             events += emitter.diff(pk, part, before, after, now, ts, source.get("segment"), source.get("position"),
-                                   False)
+                                   False, create_op)
     return events
 
 

@@ -9,6 +9,8 @@
                                                            them once it has processed incoming/.../<segment>.
     archived/<cluster>/<node>/<segment>                    processed segments (moved from incoming/)
     quarantined/<cluster>/<node>/<name>                    segments kept aside, with <key>.reason.json
+    backfill/<cluster>/<request>/<keyspace>.<table>/<n>.arrow   rows a backfill scanned from token range n (an
+                                                           Arrow IPC stream of cell-log records)
     checkpoints/<name>.json                                pipeline checkpoints
     ledger/<batch_id>.json                                 the pipeline's batch ledger
     outbox/<name>                                          events waiting to be published
@@ -69,6 +71,7 @@ class Layout:
     OUTBOX = "outbox"
     DELTA = "delta"
     NODES = "nodes"
+    BACKFILL = "backfill"
 
     @staticmethod
     def _segment_key(area: str, cluster: str, node: str, segment_name: str) -> str:
@@ -135,6 +138,12 @@ class Layout:
     def node_info(cls, cluster: str, node: str) -> str:
         """What an agent says about its node (its datacenter), for the pipeline's ``local_datacenter``."""
         return f"{cls.NODES}/{_check_name('cluster', cluster)}/{_check_name('node', node)}.json"
+
+    @classmethod
+    def scanned_range(cls, cluster: str, request_id: str, keyspace: str, table: str, index: int) -> str:
+        """The rows a backfill scan read from token range ``index`` of ``keyspace.table``."""
+        return (f"{cls.BACKFILL}/{_check_name('cluster', cluster)}/{_check_name('request', request_id)}/"
+                f"{_check_name('keyspace', keyspace)}.{_check_name('table', table)}/{int(index)}.arrow")
 
     @classmethod
     def checkpoint(cls, name: str) -> str:

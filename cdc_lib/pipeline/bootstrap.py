@@ -1,0 +1,190 @@
+"""Bootstrap: load the rows a table held before CDC was enabled, as ``op = 'r'`` events and state (backfill DAG
+``mode = cql``).
+
+A table that already holds data when CDC is enabled is empty for the pipeline: the first update of an old row
+would be a ``c`` event whose ``after`` holds only the updated column. ``request_cql`` asks for a **parallel scan
+through CQL**: every chosen table is cut into token ranges (``scan.split_ring``: ``splits`` per table, aligned with
+the nodes' ranges), and each range is read with ``WRITETIME()`` and ``TTL()`` of every column, at ``consistency``
+(``QUORUM`` by default), ``page_size`` rows per page (``cdc_lib.scan``). The ranges are a backfill request
+(``requests``): the next ``cassandra_cdc`` runs claim them, ``splits_per_batch`` per batch, before any new segment,
+and each batch scans its ranges (``parallelism`` at once in the transform's process; one Spark task each on a
+cluster), keeps what it read in the store (``backfill/<cluster>/<request>/<keyspace>.<table>/<n>.arrow``, so a
+rerun merges the same rows), and merges the rows into the state like any cell log: with their real write times,
+so whatever the commit log brings before or after wins or loses exactly as in Cassandra. A row that becomes
+visible is an ``r`` event; a row the stream had already made visible gets a ``u`` if the scan changes it.
+
+The handoff, without a gap or a duplicate:
+
+1. ``ALTER TABLE ... WITH cdc = true``: from here on every write is in the commit log the agents ship.
+2. The backfill request (this module). It refuses a table whose ``cdc`` is not on in the cluster (writes before
+   the ALTER would be in no commit log the pipeline reads, so a scan started earlier could miss them).
+3. The scan batches run first; writes that land during the scan are both in the rows read (or not, depending on
+   when their range was read) and in the commit log, and the merge keeps whichever is newer, by write time. A
+   change the scan already saw gives no second event when its segment arrives; one it did not see is an event
+   after the ``r``.
+
+What must not happen between 1 and 2 is a ``cassandra_cdc`` batch that processes writes to the table: its
+events for old rows would carry partial rows. Pause the ``cassandra_cdc`` DAG while you enable CDC and trigger the
+backfill (or trigger the backfill before its next run); the scan's events still follow, and the state is right
+either way.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+from cdc_lib.errors import ConfigError
+from cdc_lib.settings import PipelineConfig
+from cdc_lib.storage.layout import Layout
+
+from .batches import Batch, batch_id_for, read_batch
+from .requests import new_request_id, put_request
+from .resources import load_schema, open_store
+
+log = logging.getLogger("cassandra_cdc.pipeline")
+
+DEFAULT_SPLITS = 16
+DEFAULT_PARALLELISM = 4
+
+
+def _table_names(value) -> Optional[list]:
+    if value is None or value == "" or value == []:
+        return None
+    items = value.split(",") if isinstance(value, str) else list(value)
+    return [str(v).strip() for v in items if str(v).strip()] or None
+
+
+def _positive(name: str, value, default: int) -> int:
+    if value is None or value == "":
+        return default
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"cql backfill: {name} must be a whole number, not {value!r}") from None
+    if n < 1:
+        raise ConfigError(f"cql backfill: {name} must be at least 1, got {n}")
+    return n
+
+
+def scan_settings(config: PipelineConfig, consistency: str = "QUORUM", page_size: int = 1000):
+    """``scan.ScanSettings`` from the pipeline's Cassandra settings (contact points, port, credentials)."""
+    from cdc_lib.scan import ScanSettings
+    return ScanSettings(hosts=tuple(config.cassandra_hosts), port=config.cassandra_port,
+                        username=config.cassandra_username, password=config.cassandra_password,
+                        consistency=str(consistency).upper(), page_size=int(page_size))
+
+
+def request_cql(config: PipelineConfig, *, tables=None, consistency=None, splits=None, page_size=None,
+                splits_per_batch=None, parallelism=None) -> dict:
+    """Ask the next ``cassandra_cdc`` runs to load ``tables`` (``keyspace.table``; empty: every captured table)
+    through a CQL scan. Returns the plan: tables, token ranges, batches. Errors name the table or setting."""
+    from cdc_lib.scan import ScanError, TableScan, split_ring
+    from cdc_lib.scan.reader import open_cluster
+    splits = _positive("splits", splits, DEFAULT_SPLITS)
+    page_size = _positive("page_size", page_size, 1000)
+    parallelism = _positive("parallelism", parallelism, DEFAULT_PARALLELISM)
+    settings = scan_settings(config, consistency or "QUORUM", page_size)
+    schema = load_schema(config)
+    captured = {t.qualified_name: t for t in schema.captured_tables()}
+    chosen = _table_names(tables)
+    skipped_counters = []
+    if chosen is None:
+        chosen = sorted(captured)
+        for name in list(chosen):
+            try:
+                TableScan(captured[name])
+            except ScanError:
+                chosen.remove(name)
+                skipped_counters.append(name)
+    for name in chosen:
+        if name not in captured:
+            raise ConfigError(f"cql backfill: {name} is not a captured table (unknown, cdc = false in the schema, "
+                              "or left out by the include/exclude settings)")
+        TableScan(captured[name])        # ScanError for counter tables: says to use mode sstables
+    if not chosen:
+        raise ConfigError("cql backfill: no table to scan" + (f" (counter tables {', '.join(skipped_counters)} "
+                                                              "need mode sstables)" if skipped_counters else ""))
+    cluster = open_cluster(settings)
+    try:
+        try:
+            session = cluster.connect()
+        except Exception as e:  # noqa: BLE001 - NoHostAvailable, authentication
+            raise ConfigError(f"cql backfill: cannot connect to {', '.join(settings.hosts)} port {settings.port}: "
+                              f"{type(e).__name__}: {e}") from e
+        release = session.execute("SELECT release_version FROM system.local").one()[0]
+        element_times = int(str(release).split(".")[0]) >= 5
+        per_table = {}
+        for name in chosen:
+            ks, tname = name.split(".", 1)
+            row = session.execute("SELECT cdc, WRITETIME(cdc) FROM system_schema.tables WHERE keyspace_name = %s "
+                                  "AND table_name = %s", (ks, tname)).one()
+            if row is None:
+                raise ConfigError(f"cql backfill: table {name} does not exist in the cluster")
+            if not row[0]:
+                raise ConfigError(f"cql backfill: {name} has cdc = false in the cluster: enable CDC first (ALTER "
+                                  f"TABLE {name} WITH cdc = true), then request the backfill; writes made before "
+                                  "would be in no commit log the pipeline reads")
+            per_table[name] = {"cdc_since": row[1], "element_times": element_times}
+        ring = [t.value for t in cluster.metadata.token_map.ring] if cluster.metadata.token_map else []
+    finally:
+        cluster.shutdown()
+    ranges = split_ring(ring, splits)
+    store = open_store(config)
+    request_id = new_request_id("cql")
+    items = []
+    for name in chosen:
+        ks, tname = name.split(".", 1)
+        for i, r in enumerate(ranges):
+            items.append({"id": f"{name}/{i}", "kind": "cql", "table": name, "index": i, "of": len(ranges),
+                          "start": r.start, "end": r.end, "source": f"cql:{request_id}/{name}/{i}",
+                          "key": Layout.scanned_range(config.cluster, request_id, ks, tname, i),
+                          **per_table[name]})
+    per_batch = _positive("splits_per_batch", splits_per_batch, len(ranges))
+    put_request(store, request_id, "cql", items, per_batch=per_batch,
+                batch={"consistency": settings.consistency, "page_size": page_size, "parallelism": parallelism})
+    answer = {"mode": "cql", "request_id": request_id, "tables": chosen, "token_ranges_per_table": len(ranges),
+              "items": len(items), "batches": -(-len(items) // per_batch), "consistency": settings.consistency,
+              "cassandra": str(release), "element_times": element_times, "skipped_counter_tables": skipped_counters}
+    log.info("cql backfill requested: %s", answer)
+    return answer
+
+
+def scan_sources(batch: Batch) -> list:
+    """The token ranges a ``cql`` backfill batch scans, as ``spark.merge_job`` sources."""
+    return [dict(item) for item in batch.backfill["items"]]
+
+
+def scan_progress(store, batch: Batch, scanned: list) -> dict:
+    """Log and return what a ``cql`` batch scanned, per table: its ranges and rows, and the request's totals so far
+    (the previous batch of the same request carries them: the request's batches run back to back)."""
+    so_far: dict = {}
+    if batch.batch_seq > 1:
+        try:
+            prev = read_batch(store, batch_id_for(batch.batch_seq - 1))
+        except Exception:  # noqa: BLE001 - no previous manifest: nothing so far
+            prev = None
+        if prev is not None and prev.backfill.get("request_id") == batch.backfill["request_id"]:
+            so_far = {t: dict(v) for t, v in (prev.steps.get("transform") or {}).get("scanned", {}).items()}
+    totals = {}
+    for item in batch.backfill["items"]:
+        totals[item["table"]] = item["of"]
+    for s in scanned:
+        t = so_far.setdefault(s["table"], {"ranges": 0, "rows": 0})
+        t["ranges"] += 1
+        t["rows"] += s["rows"]
+    for table in sorted({s["table"] for s in scanned}):
+        mine = [s for s in scanned if s["table"] == table]
+        log.info("backfill %s: %s: %d of %d token ranges done (this batch: %d ranges, %d rows%s; so far %d rows)",
+                 batch.backfill["request_id"], table, so_far[table]["ranges"], totals.get(table, 0), len(mine),
+                 sum(s["rows"] for s in mine),
+                 f", {sum(s['from_store'] for s in mine)} read back from an earlier attempt"
+                 if any(s["from_store"] for s in mine) else "", so_far[table]["rows"])
+    return so_far
+
+
+def describe(batch: Batch) -> str:
+    """What a ``cql`` backfill batch does, for the transform's first log line."""
+    b = batch.backfill
+    tables = sorted({i["table"] for i in b["items"]})
+    return (f"backfill {b['request_id']}: scan {len(b['items'])} token ranges of {', '.join(tables)} at "
+            f"{b['consistency']} ({b['remaining']} of {b['total']} ranges left after this batch)")
