@@ -65,13 +65,14 @@ def main(argv=None) -> int:
                   app_id=a.app_id, store_options=config.fs_options())
     if a.store_url:
         from cdc_lib.pipeline.batches import read_batch, segment_sources
+        from cdc_lib.pipeline.bootstrap import read_horizons
         from cdc_lib.pipeline.resources import delta_root, open_store
         store = open_store(config)
         batch = read_batch(store, a.batch_id)
         segments, checksums = segment_sources(store, batch)
         res = run_batch(spark, segments, root=delta_root(config, store), batch_id=batch.batch_id,
                         batch_seq=batch.batch_seq, now=batch.now, prev_now=batch.prev_now, store_url=store.url,
-                        checksums=checksums, **common)
+                        checksums=checksums, horizons=read_horizons(store, a.cluster), **common)
     else:
         res = run_batch(spark, a.segments, root=a.root, batch_id=a.batch_id, batch_seq=a.batch_seq, now=a.now,
                         prev_now=a.prev_now, **common)

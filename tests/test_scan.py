@@ -139,20 +139,56 @@ def test_a_partition_with_only_static_data_has_no_row(schema):
         [("cell", True, b"", b"lonely")]
 
 
-def test_list_elements_get_made_up_paths_in_order_and_later_ones_come_from_the_commit_log(schema):
-    """Made-up list paths sort like the list (time-based UUIDs from 2010-01-01, after every prepend and before
-    every append Cassandra makes); elements written after CDC was enabled are left to the commit log."""
+def test_a_list_is_loaded_as_an_overwrite_at_its_latest_write_under_made_up_paths(schema):
+    """CQL shows no list element ids: the list is a collection deletion at its latest element's write time T and
+    the elements at T + 1, under made-up time-based UUIDs that sort like the list (from 2010-01-01, after every
+    prepend and before every append Cassandra makes)."""
     import uuid
-    scan = TableScan(schema.by_name("ks", "t"), cdc_since=150)
-    row = _row(6, 1, l=coll(i32(7), i32(8), i32(9)), l_t=(coll(i64(100), i64(140), i64(160)), coll(None, None, None)))
-    cells = [r for r in _records(scan, [row]) if r["column"] == "l"]
-    assert [(r["path"], r["value"], r["timestamp"]) for r in cells] == \
-        [(list_path(0), i32(7), 100), (list_path(1), i32(8), 140)]
+    scan = TableScan(schema.by_name("ks", "t"))
+    row = _row(6, 1, l=coll(i32(7), i32(8), i32(9)), l_t=(coll(i64(100), i64(160), i64(140)), coll(None, i32(9), None)))
+    cells = [r for r in _records(scan, [row], now=500) if r["column"] == "l"]
+    assert [(r["kind"], r["path"], r["value"], r["timestamp"], r["ttl"], r["local_deletion_time"]) for r in cells] == [
+        ("complex_deletion", None, None, 160, 0, 500),
+        ("cell", list_path(0), i32(7), 161, 0, LIVE), ("cell", list_path(1), i32(8), 161, 9, 509),
+        ("cell", list_path(2), i32(9), 161, 0, LIVE)]
     paths = [uuid.UUID(bytes=list_path(i)) for i in range(3)]
     assert {p.version for p in paths} == {1}
     # 100-ns ticks from 1582-10-15: 2010-01-01T00:00:00Z, then one tick per element
     assert [p.time for p in paths] == [LIST_PATH_BASE + i for i in range(3)]
     assert LIST_PATH_BASE == (1262304000000 * 10_000 + 0x01B21DD213814000)
+
+
+def test_the_commit_logs_copies_of_scanned_list_elements_never_show_twice(schema):
+    """The commit log brings the list's real elements (written before the scan, even before CDC was enabled, in a
+    segment that also holds CDC writes): the loaded overwrite covers them. A later append lands after the list."""
+    from cdc_lib.celllog.schema import CELL_LOG_SCHEMA
+    table = schema.by_name("ks", "t")
+    pk, ck = i32(6), encode_clustering([i32(1)])
+    scanned = _records(TableScan(table), [_row(6, 1, l=coll(i32(7), i32(8)),
+                                              l_t=(coll(i64(100), i64(110)), coll(None, None)))])
+    res = process_partition(table, pk, murmur3(pk), scanned, None, 1000, create_op="r")
+    assert res.events[0]["after"]["l"] == [7, 8]
+
+    def element(path: bytes, value: int, ts: int) -> dict:
+        rec = {f.name: None for f in CELL_LOG_SCHEMA}
+        rec.update(segment="CommitLog-7-1.log", segment_id=1, position=ts, entry_index=0, seq=0,
+                   table_id=str(table.id), keyspace="ks", table="t", partition_key=pk, token=murmur3(pk),
+                   clustering=ck, is_static=False, kind="cell", column="l", path=path, value=i32(value), timestamp=ts,
+                   ttl=0, local_deletion_time=LIVE, mutation_id=bytes([ts % 256]) * 16)
+        return rec
+    real = [element(uuid_bytes(5), 7, 100), element(uuid_bytes(6), 8, 110)]
+    again = process_partition(table, pk, murmur3(pk), real, res.state, 1001)
+    assert again.events == []
+    later = process_partition(table, pk, murmur3(pk), [element(uuid_bytes(9), 9, 200)], res.state, 1002)
+    assert [e["after"]["l"] for e in later.events] == [[7, 8, 9]]
+
+
+def uuid_bytes(minutes_after_2024: int) -> bytes:
+    """A time-based UUID as Cassandra makes for an append (a time now-ish)."""
+    import uuid
+    t = (1704067200 + 60 * minutes_after_2024) * 10_000_000 + 0x01B21DD213814000
+    return uuid.UUID(fields=(t & 0xFFFFFFFF, (t >> 32) & 0xFFFF, (t >> 48) & 0x0FFF, 0x81, 0x01, 0x123456789ABC),
+                     version=1).bytes
 
 
 def test_before_cassandra_5_elements_take_the_rows_lowest_write_time(schema):
@@ -228,15 +264,16 @@ def test_a_scanned_range_is_kept_and_read_back_instead_of_scanned_again(tmp_path
 
     def scan_rows(stats):
         calls.append(1)
-        stats["rows"] = 1
+        stats.update(rows=1, pages=[[1, 1_700_000_000_000_000], [MAX_TOKEN, 1_700_000_000_000_500]])
         yield first
     stats: dict = {}
     got = list(read_scanned_range(store, "backfill/c/r/ks.t/0.arrow", scan_rows, stats))
-    assert got == [first] and stats == {"rows": 1, "from_store": 0} and len(calls) == 1
+    assert got == [first] and stats["rows"] == 1 and stats["from_store"] == 0 and len(calls) == 1
     assert store.info("backfill/c/r/ks.t/0.arrow").checksum is not None
-    stats = {}
-    again = list(read_scanned_range(store, "backfill/c/r/ks.t/0.arrow", scan_rows, stats))
-    assert again == [first] and stats == {"rows": 1, "from_store": 1} and len(calls) == 1
+    again_stats: dict = {}
+    again = list(read_scanned_range(store, "backfill/c/r/ks.t/0.arrow", scan_rows, again_stats))
+    assert again == [first] and len(calls) == 1
+    assert again_stats == {"rows": 1, "pages": stats["pages"], "from_store": 1}
     # an Arrow stream without the scan's closing batch is not taken for a complete scan
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, CELL_LOG_SCHEMA) as w:
@@ -272,3 +309,43 @@ def test_the_cql_request_checks_its_arguments_before_it_connects(tmp_path):
     cfg.cassandra_hosts = []
     with pytest.raises(ConfigError, match="needs cassandra_hosts"):
         request_backfill(cfg, mode="cql")
+
+
+def test_a_partitions_horizon_is_when_the_scan_read_it():
+    """Page by page: the first page that could hold the token (a wide partition's first page); tokens of no
+    scanned range have none; a newer scan of a range replaces what was known of it."""
+    from cdc_lib.scan.horizon import Horizon
+    h = Horizon([(-100, 0, [(-50, 10), (-20, 20), (0, 30)]), (0, 100, [(100, 40)])])
+    assert [h.at(t) for t in (-100, -99, -50, -49, -20, -1, 0, 1, 100, 101)] == \
+        [None, 10, 10, 20, 20, 30, 30, 40, 40, None]
+    h2 = h.merged(-100, 0, [(0, 99)])
+    assert [h2.at(t) for t in (-99, 0, 50)] == [99, 99, 40]
+    assert Horizon.from_json(h2.to_json()).ranges == h2.ranges
+
+
+def test_commit_log_changes_older_than_the_scans_read_make_no_event(schema):
+    """A set element written and removed before the scan read the row: the scan shows the row without it. The
+    commit log brings both changes after the scan; merged with events, the element would come back for a moment.
+    Older than the partition's horizon, they are merged without an event; a later change is an event."""
+    from cdc_lib.celllog.schema import CELL_LOG_SCHEMA
+    table = schema.by_name("ks", "t")
+    pk, ck = i32(3), encode_clustering([i32(1)])
+    scanned = _records(TableScan(table), [_row(3, 1, v=b"v", v_t=(i64(100), None), st=coll(b"e0"),
+                                              st_t=(coll(i64(100)), coll(None)))])
+    loaded = process_partition(table, pk, murmur3(pk), scanned, None, 1000, create_op="r").state
+
+    def rec(kind, path, value, ts, mid):
+        r = {f.name: None for f in CELL_LOG_SCHEMA}
+        r.update(segment="CommitLog-7-1.log", segment_id=1, position=ts, entry_index=0, seq=0,
+                 table_id=str(table.id), keyspace="ks", table="t", partition_key=pk, token=murmur3(pk),
+                 clustering=ck, is_static=False, kind=kind, column="st", path=path, value=value, timestamp=ts, ttl=0,
+                 local_deletion_time=LIVE if kind == "cell" else 1, mutation_id=bytes([mid]) * 16)
+        return r
+    older = [rec("cell", b"x", b"", 200, 1), rec("cell_tombstone", b"x", None, 300, 2)]
+    loud = process_partition(table, pk, murmur3(pk), older[:1], loaded, 1001)
+    assert [list(e["after"]["st"]) for e in loud.events] == [["e0", "x"]]    # what the horizon prevents
+    quiet = process_partition(table, pk, murmur3(pk), older, loaded, 1001, quiet_before=400)
+    assert quiet.events == []
+    later = process_partition(table, pk, murmur3(pk), [rec("cell", b"y", b"", 500, 3)], quiet.state, 1002,
+                              quiet_before=400)
+    assert [(list(e["before"]["st"]), list(e["after"]["st"])) for e in later.events] == [(["e0"], ["e0", "y"])]

@@ -19,9 +19,11 @@ The handoff, without a gap or a duplicate:
 2. The backfill request (this module). It refuses a table whose ``cdc`` is not on in the cluster (writes before
    the ALTER would be in no commit log the pipeline reads, so a scan started earlier could miss them).
 3. The scan batches run first; writes that land during the scan are both in the rows read (or not, depending on
-   when their range was read) and in the commit log, and the merge keeps whichever is newer, by write time. A
-   change the scan already saw gives no second event when its segment arrives; one it did not see is an event
-   after the ``r``.
+   when their range was read) and in the commit log, and the merge keeps whichever is newer, by write time. Each
+   range records when it read each page (``record_horizons``: ``backfill/<cluster>/horizons/``): a commit-log
+   change written before the scan read its partition is merged without an event (it is in what the scan read;
+   merged again, it could bring back for a moment what a later deletion removed: ``scan.horizon``), a later one
+   is an event after the ``r``.
 
 What must not happen between 1 and 2 is a ``cassandra_cdc`` batch that processes writes to the table: its
 events for old rows would carry partial rows. Pause the ``cassandra_cdc`` DAG while you enable CDC and trigger the
@@ -116,15 +118,15 @@ def request_cql(config: PipelineConfig, *, tables=None, consistency=None, splits
         per_table = {}
         for name in chosen:
             ks, tname = name.split(".", 1)
-            row = session.execute("SELECT cdc, WRITETIME(cdc) FROM system_schema.tables WHERE keyspace_name = %s "
-                                  "AND table_name = %s", (ks, tname)).one()
+            row = session.execute("SELECT cdc FROM system_schema.tables WHERE keyspace_name = %s AND table_name = %s",
+                                  (ks, tname)).one()
             if row is None:
                 raise ConfigError(f"cql backfill: table {name} does not exist in the cluster")
             if not row[0]:
                 raise ConfigError(f"cql backfill: {name} has cdc = false in the cluster: enable CDC first (ALTER "
                                   f"TABLE {name} WITH cdc = true), then request the backfill; writes made before "
                                   "would be in no commit log the pipeline reads")
-            per_table[name] = {"cdc_since": row[1], "element_times": element_times}
+            per_table[name] = {"element_times": element_times}
         ring = [t.value for t in cluster.metadata.token_map.ring] if cluster.metadata.token_map else []
     finally:
         cluster.shutdown()
@@ -147,6 +149,32 @@ def request_cql(config: PipelineConfig, *, tables=None, consistency=None, splits
               "cassandra": str(release), "element_times": element_times, "skipped_counter_tables": skipped_counters}
     log.info("cql backfill requested: %s", answer)
     return answer
+
+
+def record_horizons(store, cluster: str, scanned: list) -> None:
+    """Add what a batch's scans read, and when (``scan.horizon``), to the tables' horizon files."""
+    from cdc_lib.scan.horizon import Horizon
+    by_table: dict = {}
+    for s in scanned:
+        by_table.setdefault((s["table"], s["table_id"]), []).append(s)
+    for (name, table_id), ranges in sorted(by_table.items()):
+        ks, tname = name.split(".", 1)
+        key = Layout.horizon(cluster, ks, tname)
+        known = store.get_json(key) if store.exists(key) else {}
+        horizon = Horizon.from_json(known.get("ranges") if known.get("table_id") == table_id else None)
+        for r in ranges:
+            horizon = horizon.merged(r["start"], r["end"], r["pages"])
+        store.put_json(key, {"table": name, "table_id": table_id, "ranges": horizon.to_json()})
+
+
+def read_horizons(store, cluster: str) -> dict:
+    """{table id: horizon JSON} of every table a backfill scanned (for the batches that merge segments)."""
+    out = {}
+    for key in store.list(Layout.horizons_prefix(cluster)):
+        if key.endswith(".json"):
+            data = store.get_json(key)
+            out[data["table_id"]] = data["ranges"]
+    return out
 
 
 def scan_sources(batch: Batch) -> list:

@@ -49,7 +49,7 @@ from cdc_lib.storage.quarantine import quarantined_records
 
 from .backfill import snapshot_outbox
 from .bootstrap import describe as describe_scan
-from .bootstrap import scan_progress, scan_settings, scan_sources
+from .bootstrap import read_horizons, record_horizons, scan_progress, scan_settings, scan_sources
 from .batches import (POINTER_KEY, SNAPSHOT_REQUEST_KEY, STATES, SWEEP_REQUEST_KEY, Batch, Fault, PipelineError,
                       batch_id_for, manifest_key, no_fault, processing_time, read_batch, read_pointer, record_metrics,
                       reload_batch, save_batch, segment_sources)
@@ -347,10 +347,11 @@ def _run_transform(config: PipelineConfig, store: ObjectStore, root: str, schema
         b = batch.backfill
         sources, checksums = scan_sources(batch), None
         extra = dict(create_op="r", scan_settings=scan_settings(config, b["consistency"], b["page_size"]),
-                     parallelism=b["parallelism"])
+                     parallelism=b["parallelism"],
+                     on_scanned=lambda scanned: record_horizons(store, config.cluster, scanned))
     else:
         sources, checksums = segment_sources(store, batch)
-        extra = {}
+        extra = dict(horizons=read_horizons(store, config.cluster))
     res = run_batch(session, sources, root=root, storage_options=config.delta_options(), schema=schema,
                     batch_id=batch.batch_id, batch_seq=batch.batch_seq, now=batch.now, prev_now=batch.prev_now,
                     cluster=config.cluster, app_id=config.app_id, store_url=store.url,

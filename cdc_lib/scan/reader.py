@@ -12,6 +12,7 @@ table, which has moved on. So the events a batch published and the state it wrot
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -30,7 +31,8 @@ from .rows import RecordColumns, TableScan
 
 log = logging.getLogger("cassandra_cdc.scan")
 
-ROWS_METADATA = b"cassandra-cdc.rows"      # custom metadata of a scanned range file's last (empty) batch
+SCAN_METADATA = b"cassandra-cdc.scan"      # custom metadata of a scanned range file's last (empty) batch:
+                                            # {"rows": n, "pages": [[last token, microseconds], ...]}
 BATCH_RECORDS = 65_536                      # records per Arrow batch handed out
 
 
@@ -93,25 +95,30 @@ def scan_session(settings: ScanSettings):
 
 def scan_range(session, scan: TableScan, rng: TokenRange, settings: ScanSettings, source: str,
                stats: Optional[dict] = None) -> Iterator[pa.RecordBatch]:
-    """Cell-log batches of the rows of ``scan.table`` whose token is in ``rng``; ``stats["rows"]`` counts rows."""
+    """Cell-log batches of the rows of ``scan.table`` whose token is in ``rng``; ``stats["rows"]`` counts rows,
+    ``stats["pages"]`` says when each page was read (``horizon``: ``[(last token, microseconds)]``)."""
     from cassandra import ConsistencyLevel
     from cassandra.query import SimpleStatement
     stats = stats if stats is not None else {}
     stats.setdefault("rows", 0)
+    pages = stats["pages"] = []
     statement = SimpleStatement(scan.query, fetch_size=int(settings.page_size),
                                 consistency_level=getattr(ConsistencyLevel, settings.consistency.upper()))
     out = RecordColumns()
-    now_s = int(time.time())            # before the request: TTL() counts down from the read's own time
+    asked = time.time_ns() // 1000      # before the request: TTL() counts down from the read's own time
     result = session.execute(statement, (rng.start, rng.end))
     while True:
         page = result.current_rows
-        scan.records(page, now_s, source, stats["rows"], out)
+        scan.records(page, asked // 1_000_000, source, stats["rows"], out)
         stats["rows"] += len(page)
+        if not result.has_more_pages:
+            pages.append((rng.end, asked))        # the last page covers the rest of the range
+            break
+        if page:
+            pages.append((out.last_token, asked))
         if len(out) >= BATCH_RECORDS:
             yield out.take()
-        if not result.has_more_pages:
-            break
-        now_s = int(time.time())
+        asked = time.time_ns() // 1000
         result.fetch_next_page()
     if len(out):
         yield out.take()
@@ -121,7 +128,8 @@ def read_scanned_range(store, key: str, scan_rows, stats: dict) -> Iterator[pa.R
     """The cell-log batches of one scanned range: read from ``key`` in ``store`` when a complete copy is there,
     else ``scan_rows(stats)`` (``scan_range`` of the range) written there first and then read back.
 
-    ``stats``: ``rows`` (rows of the scan), ``from_store`` (1 when an earlier scan was read).
+    ``stats``: ``rows`` and ``pages`` of the scan (``scan_range``), ``from_store`` (1 when an earlier scan was
+    read).
     """
     from cdc_lib.storage.objects import sha256_file
     stats["from_store"] = 0
@@ -136,8 +144,8 @@ def read_scanned_range(store, key: str, scan_rows, stats: dict) -> Iterator[pa.R
         with pa.OSFile(path, "wb") as sink, pa.ipc.new_stream(sink, CELL_LOG_SCHEMA) as writer:
             for batch in scan_rows(stats):
                 writer.write_batch(batch)
-            writer.write_batch(pa.RecordBatch.from_pylist([], schema=CELL_LOG_SCHEMA),
-                               custom_metadata={ROWS_METADATA: str(stats["rows"]).encode()})
+            writer.write_batch(pa.RecordBatch.from_pylist([], schema=CELL_LOG_SCHEMA), custom_metadata={
+                SCAN_METADATA: json.dumps({"rows": stats["rows"], "pages": stats["pages"]}).encode()})
         checksum, _ = sha256_file(path)
         store.put_file(path, key, checksum=checksum)
         with open(path, "rb") as f:
@@ -147,7 +155,7 @@ def read_scanned_range(store, key: str, scan_rows, stats: dict) -> Iterator[pa.R
 
 
 def _read_file(f, stats: dict, key: str) -> Iterator[pa.RecordBatch]:
-    """The batches of a scanned range file; its row count into ``stats["rows"]``."""
+    """The batches of a scanned range file; its ``rows`` and ``pages`` into ``stats``."""
     closed = False
     reader = pa.ipc.open_stream(f)
     while True:
@@ -156,8 +164,9 @@ def _read_file(f, stats: dict, key: str) -> Iterator[pa.RecordBatch]:
         except StopIteration:
             break
         meta = item.custom_metadata
-        if meta is not None and ROWS_METADATA in meta:
-            stats["rows"] = int(meta[ROWS_METADATA])
+        if meta is not None and SCAN_METADATA in meta:
+            scanned = json.loads(meta[SCAN_METADATA])
+            stats["rows"], stats["pages"] = scanned["rows"], scanned["pages"]
             closed = True
         if item.batch.num_rows:
             yield item.batch

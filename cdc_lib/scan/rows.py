@@ -14,12 +14,15 @@ What CQL shows of a row and what it does not, and what each record then carries:
   ``WRITETIME()``/``TTL()`` (``element_times``). Before 5.0 CQL refuses ``WRITETIME()`` of such columns: their
   elements then get the lowest write time the row shows (the row's marker time, below), so any later write
   wins over them.
-* **Non-frozen lists**: Cassandra keys list elements by time-based UUIDs that CQL never shows. The scan gives
-  them made-up ones (``list_path``) between those Cassandra gives prepends (before 2010) and appends (now), in the
-  list's order, so appends, prepends and whole-list overwrites after the scan land where they belong. Elements
-  written after CDC was enabled (``WRITETIME()`` later than ``cdc_since``) are left out: they come from the
-  commit log with their real UUIDs, and scanning them too would show them twice. What cannot be exact: a later
-  update or removal of a scanned element by index or value names its real UUID, which the state does not have.
+* **Non-frozen lists**: Cassandra keys list elements by time-based UUIDs that CQL never shows. A scanned list is
+  therefore loaded as what CQL can tell: the list as it is, as a whole-list overwrite at its latest element's write
+  time ``T`` (a collection deletion at ``T``, the elements at ``T + 1`` with their own TTLs), the elements under
+  made-up UUIDs (``list_path``) between those Cassandra gives prepends (before 2010) and appends (now), in the
+  list's order. So the commit log's copies of the elements the scan read (written at ``T`` or before: also those
+  written before CDC was enabled that share a segment with CDC writes) are covered and never show twice, and
+  appends, prepends and whole-list overwrites made after the scan land where they belong. What cannot be exact: a
+  later update or removal of a scanned element by index or value names its real UUID, which the state does not
+  have (the element stays); ``WRITETIME()`` of a loaded element is ``T + 1``.
 * **Row marker** (``row_liveness``, what keeps a row with only null columns alive): CQL shows no marker and no
   time for it. Every scanned row gets one, at the lowest write time among its cells (where an ``INSERT`` puts it),
   expiring with the row's last cell when every cell of the row expires (``INSERT ... USING TTL``); a row that
@@ -27,8 +30,8 @@ What CQL shows of a row and what it does not, and what each record then carries:
   the row wins. So a row that an ``UPDATE`` created (it has no marker in Cassandra) stays visible in the state with
   null columns after all its columns are set to null.
 * **Statics**: once per partition and token range, on the partition's static row (``is_static``).
-* **Tombstones**: none. A scan shows live data only; deletions made before the scan are already applied to
-  what it reads, later ones come from the commit log.
+* **Tombstones**: none but a list's (above). A scan shows live data only; deletions made before the scan are
+  already applied to what it reads, later ones come from the commit log.
 * **Counters**: refused (``ScanError``). CQL shows a counter's total, not the per-node shards that the commit
   log's counter updates carry: merged with them, the shards already in the total would count twice.
 
@@ -43,7 +46,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Optional
 
-from cdc_lib.celllog.schema import CELL_LOG_SCHEMA, KIND_CELL, KIND_ROW_LIVENESS, encode_clustering
+from cdc_lib.celllog.schema import (CELL_LOG_SCHEMA, KIND_CELL, KIND_COMPLEX_DELETION, KIND_ROW_LIVENESS,
+                                   encode_clustering)
 from cdc_lib.commitlog.model import NO_DELETION_TIME
 from cdc_lib.cql.schema import REGULAR, STATIC
 from cdc_lib.cql.tokens import token as murmur3_token
@@ -124,18 +128,16 @@ class TableScan:
     """What to ``SELECT`` from ``table`` and how its rows become cell-log records.
 
     ``element_times``: the cluster gives ``WRITETIME()``/``TTL()`` of non-frozen collections and UDTs per element
-    (Cassandra 5.0 and later). ``cdc_since``: ``WRITETIME(cdc)`` of the table's schema row (microseconds): list
-    elements written later are left to the commit log (module docstring).
+    (Cassandra 5.0 and later).
     """
 
-    def __init__(self, table, *, element_times: bool = True, cdc_since: Optional[int] = None):
+    def __init__(self, table, *, element_times: bool = True):
         if table.is_counter or any(c.type.kind == "counter" for c in table.columns.values()):
             raise ScanError(f"{table.qualified_name} has counter columns: a CQL scan shows a counter's total, not "
                             "the per-node shards the commit log's counter updates are merged with (each old "
                             "shard would count twice at the next increment); load it with mode sstables")
         self.table = table
         self.table_id = str(table.id)
-        self.cdc_since = cdc_since
         self.keys = [c.name for c in table.partition_key + table.clustering]
         self.n_pk = len(table.partition_key)
         self.n_ck = len(table.clustering)
@@ -176,7 +178,7 @@ class TableScan:
             static_only = n_ck > 0 and all(v is None for v in ck_parts)
             if not static_only and any(v is None for v in ck_parts):
                 raise ScanError(f"{table.qualified_name}: row {number} of {source} has a null clustering column")
-            cells = []                  # (static, column, path, value, timestamp or None, ttl, local deletion time)
+            cells = []                  # (kind, static, column, path, value, timestamp or None, ttl, deletion time)
             pos = n_pk + n_ck
             for c in self.columns:
                 value = row[pos]
@@ -185,33 +187,34 @@ class TableScan:
                 if value is None or (c.static and not new_partition) or (static_only and not c.static):
                     continue
                 what = f"{table.qualified_name}.{c.name} (row {number} of {source})"
-                cells += [(c.static, c.name) + cell for cell in self._cells(c, value, wt, ttl, now_s, what)]
-            row_ts = min((x[4] for x in cells if not x[0] and x[4] is not None), default=0)
-            static_ts = min((x[4] for x in cells if x[0] and x[4] is not None), default=0)
+                cells += [(cell[0], c.static, c.name) + cell[1:] for cell in self._cells(c, value, wt, ttl, now_s, what)]
+            live = [x for x in cells if x[0] == KIND_CELL]
+            row_ts = min((x[5] for x in live if not x[1] and x[5] is not None), default=0)
+            static_ts = min((x[5] for x in live if x[1] and x[5] is not None), default=0)
             clustering = encode_clustering(ck_parts) if n_ck and not static_only else b""
             base = (source, number, self.table_id, table.keyspace, table.name, pk, out.last_token)
             seq = 0
-            for static, name, path, value, ts, ttl, ldt in cells:
+            for kind, static, name, path, value, ts, ttl, ldt in cells:
                 if ts is None:           # an element without its own time (before Cassandra 5.0)
                     ts = static_ts if static else row_ts
-                out.add(base, seq, b"" if static else clustering, static, KIND_CELL, name, path, value, ts, ttl, ldt)
+                out.add(base, seq, b"" if static else clustering, static, kind, name, path, value, ts, ttl, ldt)
                 seq += 1
             if static_only:
                 continue
-            regular = [x for x in cells if not x[0]]
-            if regular and all(x[5] for x in regular):      # every cell expires: the marker with the last one
-                last = max(regular, key=lambda x: x[6])
-                ttl, ldt = last[5], last[6]
+            regular = [x for x in live if not x[1]]
+            if regular and all(x[6] for x in regular):      # every cell expires: the marker with the last one
+                last = max(regular, key=lambda x: x[7])
+                ttl, ldt = last[6], last[7]
             else:
                 ttl, ldt = 0, NO_DELETION_TIME
             out.add(base, seq, clustering, False, KIND_ROW_LIVENESS, None, None, None, row_ts, ttl, ldt)
 
     def _cells(self, c: _Column, value: bytes, wt, ttl, now_s: int, what: str) -> list:
-        """[(path, value, timestamp, ttl, local deletion time)] of one column of one row; timestamp None for the
-        elements of a column whose elements' times CQL does not give."""
+        """[(kind, path, value, timestamp, ttl, local deletion time)] of one column of one row; timestamp None for
+        the elements of a column whose elements' times CQL does not give."""
         if c.kind == "simple":
             t = _I32.unpack(ttl)[0] if ttl is not None else 0
-            return [(None, value, _I64.unpack(wt)[0], t, now_s + t if t else NO_DELETION_TIME)]
+            return [(KIND_CELL, None, value, _I64.unpack(wt)[0], t, now_s + t if t else NO_DELETION_TIME)]
         if c.kind == "map":
             flat = _elements(value, True, what)
             elements = [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
@@ -222,7 +225,7 @@ class TableScan:
         else:
             elements = [(_I16.pack(i), f) for i, f in enumerate(_fields(value, what))]
         if not c.timed:
-            return [(path, v, None, 0, NO_DELETION_TIME) for path, v in elements if v is not None]
+            return [(KIND_CELL, path, v, None, 0, NO_DELETION_TIME) for path, v in elements if v is not None]
         wts = _elements(wt, False, what + " WRITETIME") if wt is not None else []
         ttls = _elements(ttl, False, what + " TTL") if ttl is not None else [None] * len(wts)
         if len(wts) != len(elements) or len(ttls) != len(elements):
@@ -233,11 +236,13 @@ class TableScan:
                 continue                                # a UDT field without a cell
             if w is None:
                 raise ScanError(f"{what}: an element without a WRITETIME")
-            ts = _I64.unpack(w)[0]
-            if c.kind == "list" and self.cdc_since is not None and ts > self.cdc_since:
-                continue                                # comes from the commit log with its real path
             t = _I32.unpack(t)[0] if t is not None else 0
-            out.append((path, v, ts, t, now_s + t if t else NO_DELETION_TIME))
+            out.append((KIND_CELL, path, v, _I64.unpack(w)[0], t, now_s + t if t else NO_DELETION_TIME))
+        if c.kind == "list" and out:
+            # the whole list, as an overwrite at its latest write time (module docstring)
+            latest = max(x[3] for x in out)
+            out = [(KIND_COMPLEX_DELETION, None, None, latest, 0, now_s)] + \
+                  [(kind, path, v, latest + 1, t, ldt) for kind, path, v, _, t, ldt in out]
         return out
 
 

@@ -87,6 +87,7 @@ PARSED_SCHEMA = pa.schema([pa.field(f.name, f.type) for f in CELL_LOG_SCHEMA] + 
     pa.field("_record", pa.string()),
     pa.field("_quarantine_key", pa.string()),
     pa.field("_damage_reason", pa.string()),
+    pa.field("_scan", pa.string()),           # a scanned token range: what it read (JSON, ``_scan_summary``)
 ])
 
 OUT_SCHEMA = pa.schema([
@@ -189,10 +190,7 @@ def _parse_sources(schema, store_url: str, store_options: dict, cluster: str, ba
                 damages = []
                 with segment_file(source, src.get("checksum"), store_options) as path:
                     for cells in read_cell_log(path, schema, on_damage=damages.append, cdc_only=True):
-                        n = cells.num_rows
-                        cols = list(cells.columns) + [pa.array([REC_CELL] * n, pa.string()),
-                                                      pa.nulls(n, pa.string()), pa.nulls(n, pa.string())]
-                        yield pa.RecordBatch.from_arrays(cols, schema=PARSED_SCHEMA)
+                        yield _parsed_cells(cells)
                 if not damages:
                     continue
                 if store is None:
@@ -219,7 +217,7 @@ def _scanned_cells(schema, store, settings, src: dict):
     if table is None:
         from cdc_lib.errors import UnknownTableError
         raise UnknownTableError(f"{src['table']} (to scan) is not in the schema")
-    scan = TableScan(table, element_times=src["element_times"], cdc_since=src.get("cdc_since"))
+    scan = TableScan(table, element_times=src["element_times"])
     rng = TokenRange(src["start"], src["end"])
     t0 = time.monotonic()
 
@@ -227,20 +225,26 @@ def _scanned_cells(schema, store, settings, src: dict):
         return scan_range(scan_session(settings), scan, rng, settings, src["source"], stats)
     stats: dict = {}
     for cells in read_scanned_range(store, src["key"], scan_rows, stats):
-        n = cells.num_rows
-        yield pa.RecordBatch.from_arrays(list(cells.columns) + [pa.array([REC_CELL] * n, pa.string()),
-                                                                pa.nulls(n, pa.string()), pa.nulls(n, pa.string())],
-                                         schema=PARSED_SCHEMA)
+        yield _parsed_cells(cells)
     took = time.monotonic() - t0
     log.info("scan %s: token range %d of %d %s: %d rows in %.1f s%s", src["table"], src["index"] + 1, src["of"],
              f"({rng.start}, {rng.end}]", stats["rows"], took,
              " (the earlier scan, read from the store)" if stats["from_store"] else "")
+    summary = {"table": src["table"], "table_id": str(table.id), "index": src["index"], "start": rng.start,
+               "end": rng.end, "rows": stats["rows"], "pages": stats["pages"], "from_store": stats["from_store"],
+               "seconds": round(took, 3), "key": src["key"]}
     yield pa.RecordBatch.from_pylist([{
-        "segment": src["source"], "segment_id": src["index"], "position": stats["rows"],
-        "entry_index": stats["from_store"], "seq": 0, "table_id": str(table.id), "keyspace": keyspace,
-        "table": name, "partition_key": b"", "token": 0, "clustering": b"", "is_static": False, "kind": "",
-        "timestamp": 0, "ttl": 0, "local_deletion_time": int(took * 1000), "_record": REC_SCANNED,
-        "_quarantine_key": src["key"]}], schema=PARSED_SCHEMA)
+        "segment": src["source"], "segment_id": 0, "position": 0, "entry_index": 0, "seq": 0, "table_id": "",
+        "keyspace": keyspace, "table": name, "partition_key": b"", "token": 0, "clustering": b"",
+        "is_static": False, "kind": "", "timestamp": 0, "ttl": 0, "local_deletion_time": 0,
+        "_record": REC_SCANNED, "_scan": json.dumps(summary)}], schema=PARSED_SCHEMA)
+
+
+def _parsed_cells(cells) -> pa.RecordBatch:
+    """Cell-log rows as rows of ``PARSED_SCHEMA``."""
+    n = cells.num_rows
+    return pa.RecordBatch.from_arrays(list(cells.columns) + [pa.array([REC_CELL] * n, pa.string())]
+                                      + [pa.nulls(n, pa.string())] * 3, schema=PARSED_SCHEMA)
 
 
 def source_descriptors(segments, checksums: Optional[dict] = None) -> list:
@@ -254,9 +258,13 @@ def source_descriptors(segments, checksums: Optional[dict] = None) -> list:
 
 
 def _reconcile(schema, root: str, storage_options: dict, app_id: str, versions: dict, now: int,
-               prev_now: Optional[int], cluster: str, batch_seq: int, create_op: str):
-    """The ``mapInArrow`` function of step 3 (a closure shipped to executors)."""
+               prev_now: Optional[int], cluster: str, batch_seq: int, create_op: str, horizons: dict):
+    """The ``mapInArrow`` function of step 3 (a closure shipped to executors). ``horizons``: table id -> the
+    ``scan.horizon.Horizon`` JSON of a backfill scan (changes older than it make no event)."""
     import uuid
+
+    from cdc_lib.scan.horizon import Horizon
+    read_times = {tid: Horizon.from_json(h) for tid, h in horizons.items()}
 
     def flush(store, pending, out_rows):
         # pending: [(table_id, partition_key, token, records)] in sorted order
@@ -267,10 +275,12 @@ def _reconcile(schema, root: str, storage_options: dict, app_id: str, versions: 
             table = schema.get(uuid.UUID(tid))
             prior = store.read_partitions(table, [pk for pk, _, _ in parts])
             change = []
+            horizon = read_times.get(tid)
             for pk, tok, recs in parts:
                 real = [r for r in recs if r["kind"] != SWEEP_KIND]
                 res = process_partition(table, pk, tok, real, prior.get(pk), now, prev_now=prev_now,
-                                        cluster=cluster, create_op=create_op)
+                                        cluster=cluster, create_op=create_op,
+                                        quiet_before=horizon.at(tok) if horizon is not None else None)
                 ks, name = table_order(table)[:2]
                 for i, e in enumerate(res.events):
                     row = outbox_row(table, e, "", 0, 0)
@@ -357,7 +367,7 @@ def run_batch(spark, segments, *, root: str, storage_options: Optional[dict] = N
               prev_now: Optional[int] = None, cluster: str = "default", app_id: str = "cassandra-cdc",
               store_url: Optional[str] = None, store_options: Optional[dict] = None,
               checksums: Optional[dict] = None, fail_hook=None, create_op: str = "c", scan_settings=None,
-              parallelism: int = 1) -> BatchResult:
+              parallelism: int = 1, horizons: Optional[dict] = None, on_scanned=None) -> BatchResult:
     """Reconcile the cell log of ``segments`` (local paths or object-store URLs of segments, or token ranges to
     scan: ``source_descriptors``) into the Delta state tables and the outbox under ``root``.
 
@@ -368,7 +378,10 @@ def run_batch(spark, segments, *, root: str, storage_options: Optional[dict] = N
     damage is quarantined in (default ``root``) and scanned ranges are kept in; ``checksums``: segment -> sha256
     to check each download against. ``create_op``: the op of an event for a row that becomes visible (``r`` for a
     backfill). ``scan_settings`` (``scan.ScanSettings``): how token ranges are read; ``parallelism``: sources
-    read at once without Spark (token ranges: the scan waits on Cassandra, not on this CPU).
+    read at once without Spark (token ranges: the scan waits on Cassandra, not on this CPU). ``horizons``: table
+    id -> when a backfill scan read its partitions (``scan.horizon``; older changes make no event);
+    ``on_scanned(scanned)`` is called with ``BatchResult.scanned`` once the sources are read, before anything is
+    written.
     Safe to run again with the same arguments after any failure.
     """
     if schema is None:
@@ -398,19 +411,21 @@ def run_batch(spark, segments, *, root: str, storage_options: Optional[dict] = N
         marks = _sweep_marks(store, tables, now, prev_now)
     parse = _parse_sources(schema, store_url or root, dict(store_options or {}), cluster, batch_id, scan_settings)
     reconcile = _reconcile(schema, root, storage_options, app_id, versions, now, prev_now, cluster, batch_seq,
-                           create_op)
+                           create_op, dict(horizons or {}))
     write = dict(store=store, result=result, todo=todo, outbox_done=outbox_done, batch_id=batch_id,
                  batch_seq=batch_seq, timings=timings)
     if spark is None:
         timings["mode"] = "driver"
         result.damaged, result.scanned, events, states = _run_in_driver(
             paths, marks, parse=parse, reconcile=reconcile, timings=timings, parallelism=parallelism)
+        if on_scanned is not None and result.scanned:
+            on_scanned(result.scanned)
         state_rows = zip(*(states.column(c).to_pylist() for c in ("table_id", "n_rows", "payload")))
         _write_outputs(event_chunks=lambda: events.to_batches(max_chunksize=OUTBOX_CHUNK),
                        state_rows=lambda: state_rows, **write)
     else:
         timings["mode"] = "spark"
-        _run_in_spark(spark, paths, marks, parse=parse, reconcile=reconcile, write=write)
+        _run_in_spark(spark, paths, marks, parse=parse, reconcile=reconcile, write=write, on_scanned=on_scanned)
     timings["total"] = time.perf_counter() - t_start
     LAST_TIMINGS.update({k: round(v, 3) if isinstance(v, float) else v for k, v in timings.items()})
     log.info("merge_batch %s: %s", batch_id, LAST_TIMINGS)
@@ -433,7 +448,7 @@ def _sweep_marks(store, tables, now: int, prev_now: Optional[int]) -> list:
     return marks
 
 
-def _run_in_spark(spark, paths: list, marks: list, *, parse, reconcile, write: dict) -> None:
+def _run_in_spark(spark, paths: list, marks: list, *, parse, reconcile, write: dict, on_scanned=None) -> None:
     """Steps 1-4 with the parsing, reconciling and writing spread over Spark tasks (any batch size, any master)."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
@@ -459,7 +474,10 @@ def _run_in_spark(spark, paths: list, marks: list, *, parse, reconcile, write: d
             rows = summaries.collect()
         result.damaged = [r["_quarantine_key"] for r in rows if r["_record"] == REC_DAMAGE]
         result.scanned = [_scan_summary(r.asDict()) for r in rows if r["_record"] == REC_SCANNED]
-        cells = parsed.filter(F.col("_record") == REC_CELL).drop("_record", "_quarantine_key", "_damage_reason")
+        if on_scanned is not None and result.scanned:
+            on_scanned(result.scanned)
+        cells = parsed.filter(F.col("_record") == REC_CELL).drop("_record", "_quarantine_key", "_damage_reason",
+                                                                  "_scan")
 
         # 2. group by partition (+ partitions with expiries to sweep)
         if marks:
@@ -574,9 +592,9 @@ def _outbox_batch(chunk, batch_id: str, batch_seq: int, first_seq: int) -> pa.Re
 
 
 def _scan_summary(row: dict) -> dict:
-    """What the parse step says of one scanned token range (its ``REC_SCANNED`` row)."""
-    return {"table": f"{row['keyspace']}.{row['table']}", "index": row["segment_id"], "rows": row["position"],
-            "from_store": row["entry_index"], "ms": row["local_deletion_time"], "key": row["_quarantine_key"]}
+    """What the parse step says of one scanned token range (its ``REC_SCANNED`` row): table, table_id, index,
+    start, end, rows, pages (``scan.horizon``), from_store, seconds, key."""
+    return json.loads(row["_scan"])
 
 
 def _source_table(paths: list) -> pa.RecordBatch:

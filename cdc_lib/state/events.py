@@ -238,11 +238,13 @@ def _scope(table, part: PartitionState, rec):
 
 
 def apply_batch(table, states: dict, records: Iterable, now: int, *, cluster: str = "", node: str = "",
-                ts_ms: Optional[int] = None, create_op: str = OP_CREATE) -> list:
+                ts_ms: Optional[int] = None, create_op: str = OP_CREATE, quiet_before=None) -> list:
     """Join ``records`` (cell-log dicts of one table) into ``states`` and return the change events.
 
     ``create_op``: the op of an event for a row that becomes visible: ``c``, or ``r`` when the records load rows
-    that existed before (a backfill scan: ``OP_READ``)."""
+    that existed before (a backfill scan: ``OP_READ``). ``quiet_before(partition key) -> microseconds or None``:
+    a change written before that time is merged without an event (a backfill scan read the partition later: the
+    change is in what it read; ``scan.horizon``)."""
     emitter = _Emitter(table, cluster, node, now * 1000 if ts_ms is None else ts_ms)
     info = emitter.info
     by_key: dict = {}
@@ -261,7 +263,12 @@ def apply_batch(table, states: dict, records: Iterable, now: int, *, cluster: st
         part = states.get(pk)
         if part is None:
             part = states[pk] = PartitionState()
+        horizon = quiet_before(pk) if quiet_before is not None else None
         for ts, group in _partition_changes(recs):
+            if horizon is not None and ts < horizon:
+                for rec in group:
+                    _apply_record(info, table, part, rec)
+                continue
             scope = set()
             whole = False
             for rec in group:

@@ -11,6 +11,7 @@
     quarantined/<cluster>/<node>/<name>                    segments kept aside, with <key>.reason.json
     backfill/<cluster>/<request>/<keyspace>.<table>/<n>.arrow   rows a backfill scanned from token range n (an
                                                            Arrow IPC stream of cell-log records)
+    backfill/<cluster>/horizons/<keyspace>.<table>.json    when the backfill scans read each part of the table
     checkpoints/<name>.json                                pipeline checkpoints
     ledger/<batch_id>.json                                 the pipeline's batch ledger
     outbox/<name>                                          events waiting to be published
@@ -144,6 +145,15 @@ class Layout:
         """The rows a backfill scan read from token range ``index`` of ``keyspace.table``."""
         return (f"{cls.BACKFILL}/{_check_name('cluster', cluster)}/{_check_name('request', request_id)}/"
                 f"{_check_name('keyspace', keyspace)}.{_check_name('table', table)}/{int(index)}.arrow")
+
+    @classmethod
+    def horizon(cls, cluster: str, keyspace: str, table: str) -> str:
+        """When backfill scans read each part of ``keyspace.table`` (``scan.horizon``)."""
+        return f"{cls.horizons_prefix(cluster)}{_check_name('keyspace', keyspace)}.{_check_name('table', table)}.json"
+
+    @classmethod
+    def horizons_prefix(cls, cluster: str) -> str:
+        return f"{cls.BACKFILL}/{_check_name('cluster', cluster)}/horizons/"
 
     @classmethod
     def checkpoint(cls, name: str) -> str:
