@@ -79,7 +79,7 @@ def scan(settings, table, splits: int, parallelism: int, ring) -> tuple:
 
 def sstables(cluster, schema) -> tuple:
     from cdc_lib.sstable import find_data_files, read_sstable_cell_log
-    table_dir = next((cluster.node(1).dir / "data" / "data" / KS).glob(f"{TABLE}-*"))
+    table_dir = next((cluster.node(1).dir / "data" / KS).glob(f"{TABLE}-*"))
     files = find_data_files(table_dir)
     records = sum(b.num_rows for b in read_sstable_cell_log(files, schema, strict=True))
     return records, sum(f.stat().st_size for f in files)

@@ -200,10 +200,10 @@ class _Lines(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-def run_handoff(cluster, base: Path, kafka_broker: str, mode: str,
-                request: Callable[[P.PipelineConfig, object], dict], *, seed: int = 9) -> Handoff:
-    """The scenario (module docstring) for backfill ``mode``; ``request(config, agent)`` makes the backfill
-    request (the agent of node 1 is there for a mode that needs it) and returns its answer."""
+def run_handoff(cluster, base: Path, kafka_broker: str, mode: str, request: Callable[..., dict], *,
+                seed: int = 9) -> Handoff:
+    """The scenario (module docstring) for backfill ``mode``; ``request(config, agent, keyspace)`` makes the
+    backfill request (the agent of node 1 is there for a mode that needs it) and returns its answer."""
     t0 = time.monotonic()
     ks = f"handoff_{mode}"
     session = writable_session(cluster)
@@ -230,7 +230,7 @@ def run_handoff(cluster, base: Path, kafka_broker: str, mode: str,
             session.execute(f"ALTER TABLE {ks}.{name} WITH cdc = true")
         tables = {n: load_from_cluster(session, [ks]).by_name(ks, n) for n in ("t", "types")}
         existing = select_json(session, tables["t"])
-        answer = request(config, agent)
+        answer = request(config, agent, ks)
         writer = Writer(cluster.session(), tables["t"], existing, seed)
         writer.start()
         t1 = time.monotonic()

@@ -349,3 +349,43 @@ def test_commit_log_changes_older_than_the_scans_read_make_no_event(schema):
     later = process_partition(table, pk, murmur3(pk), [rec("cell", b"y", b"", 500, 3)], quiet.state, 1002,
                               quiet_before=400)
     assert [(list(e["before"]["st"]), list(e["after"]["st"])) for e in later.events] == [(["e0"], ["e0", "y"])]
+
+
+def test_scanned_ranges_merge_alike_on_spark_and_in_the_process(tmp_path, schema, spark_session):
+    """One task per token range on Spark, the same events and state as in the transform's own process (here the
+    ranges come from the store, as on a rerun: no cluster needed)."""
+    from cdc_lib.sinks.delta import read_outbox, read_state
+    from cdc_lib.spark.merge_job import run_batch
+    store = ObjectStore.from_url(str(tmp_path / "store"))
+    table = schema.by_name("ks", "t")
+    scan = TableScan(table)
+    sources = []
+    for i, rows in enumerate(([_row(k, c, v=b"v%d" % c, v_t=(i64(10 + c), None), st=coll(b"a"),
+                                    st_t=(coll(i64(5)), coll(None))) for k in (1, 2) for c in range(3)],
+                              [_row(7, None, s=b"S", s_t=(i64(3), None)), _row(8, 1)])):
+        key = f"backfill/c1/cql-1-x/ks.t/{i}.arrow"
+
+        def scan_rows(stats, rows=rows, i=i):
+            out = RecordColumns()
+            scan.records(rows, 1000, f"cql:cql-1-x/ks.t/{i}", 0, out)
+            stats.update(rows=len(rows), pages=[[MAX_TOKEN if i else 0, 1_000_000]])
+            yield out.take()
+        list(read_scanned_range(store, key, scan_rows, {}))
+        sources.append({"kind": "cql", "table": "ks.t", "index": i, "of": 2, "start": MIN_TOKEN if i == 0 else 0,
+                        "end": 0 if i == 0 else MAX_TOKEN, "key": key, "source": f"cql:cql-1-x/ks.t/{i}",
+                        "element_times": True})
+    got = {}
+    for name, session in (("driver", None), ("spark", spark_session)):
+        root = str(tmp_path / name)
+        scanned = []
+        res = run_batch(session, sources, root=root, schema=schema, batch_id="b1", batch_seq=1, now=2000,
+                        store_url=str(tmp_path / "store"), create_op="r", on_loaded=scanned.extend)
+        rows = list(read_outbox(root, "b1"))
+        state = read_state(root, "ks", "t").to_pylist()
+        got[name] = ([(r["op"], r["key_json"], r["event_json"]) for r in rows],
+                     sorted((r["k"], r["c"], r["v"], r["_cdc_live"]) for r in state),
+                     sorted((s["index"], s["rows"], s["from_store"]) for s in scanned), res.events)
+    assert got["driver"] == got["spark"]
+    events, state, scanned, n = got["driver"]
+    assert [op for op, _, _ in events] == ["r"] * 8 and n == 8     # 6 rows, a static-only partition, a key-only row
+    assert scanned == [(0, 6, 1), (1, 2, 1)]

@@ -4,6 +4,8 @@
 * ``cql``: load what live tables hold (rows written before CDC was enabled) through a parallel CQL scan, as
   ``r`` events and state (``bootstrap``; params ``tables``, ``consistency``, ``splits``, ``page_size``,
   ``splits_per_batch``, ``parallelism``);
+* ``sstables``: the same from the SSTable snapshot the nodes' agents shipped (``agent snapshot``; params ``tag``,
+  ``tables``, ``nodes``, ``sstables_per_batch``);
 * ``replay``: archived batches again, to rebuild state or re-emit events (``replay``; params ``purpose``,
   ``batches_from``, ``batches_to``, ``since``, ``until``, ``nodes``, ``tables``).
 
@@ -65,9 +67,10 @@ def request_snapshot(config: PipelineConfig) -> dict:
 # The backfill DAG's own params, beside the pipeline settings: name -> (JSON type, what it does).
 BACKFILL_ARGS = {
     "mode": ("string", "snapshot (default): 'r' events of every visible row of the state; cql: load the rows "
-                       "live tables hold through a CQL scan; replay: archived batches again (see purpose)"),
-    "tables": ("array", "cql: the keyspace.table to load (empty: every captured table); replay reemit: only "
-                        "these keyspace.table events (empty: all)"),
+                       "live tables hold through a CQL scan; sstables: load them from the SSTable snapshot the "
+                       "agents shipped (see tag); replay: archived batches again (see purpose)"),
+    "tables": ("array", "cql, sstables: the keyspace.table to load (empty: every captured table); replay reemit: "
+                        "only these keyspace.table events (empty: all)"),
     "consistency": ("string", "cql: the scan's read consistency level (empty: QUORUM)"),
     "splits": ("integer", "cql: token ranges per table (empty: 16; at least one per node range)"),
     "page_size": ("integer", "cql: rows per page (empty: 1000)"),
@@ -79,16 +82,21 @@ BACKFILL_ARGS = {
     "batches_to": ("integer", "replay: last batch sequence number (empty: the last archived)"),
     "since": ("integer", "replay: batches processed at or after this time (epoch seconds)"),
     "until": ("integer", "replay: batches processed at or before this time (epoch seconds)"),
-    "nodes": ("array", "replay rebuild: only these nodes' segments (empty: all)"),
+    "nodes": ("array", "replay rebuild: only these nodes' segments; sstables: only these nodes' snapshots "
+                       "(empty: all)"),
+    "tag": ("string", "sstables: the snapshot the agents shipped (cassandra-cdc agent snapshot --tag)"),
+    "sstables_per_batch": ("integer", "sstables: SSTables per pipeline batch (empty: max_segments; max_bytes of "
+                                      "Data.db)"),
 }
 MODES = {"snapshot": (), "cql": ("tables", "consistency", "splits", "page_size", "splits_per_batch", "parallelism"),
+         "sstables": ("tag", "tables", "nodes", "sstables_per_batch"),
          "replay": ("purpose", "batches_from", "batches_to", "since", "until", "nodes", "tables")}
 
 
 def request_backfill(config: PipelineConfig, mode: Optional[str] = None, **args) -> dict:
     """What the backfill DAG's run asks for: a snapshot, a CQL scan or a replay (``BACKFILL_ARGS``); unknown or
     misplaced arguments are errors that name them."""
-    from .bootstrap import request_cql
+    from .bootstrap import request_cql, request_sstables
     from .replay import request_replay
     mode = mode or "snapshot"
     unknown = sorted(set(args) - set(BACKFILL_ARGS))
@@ -106,6 +114,8 @@ def request_backfill(config: PipelineConfig, mode: Optional[str] = None, **args)
         return request_snapshot(config)
     if mode == "cql":
         return request_cql(config, **given)
+    if mode == "sstables":
+        return request_sstables(config, **given)
     return request_replay(config, **given)
 
 

@@ -37,7 +37,7 @@ Fault = Callable[[str], None]
 # Counters that describe the store at one moment (a backlog, a count of foreign segments): the last value is
 # kept, never summed into the totals.
 GAUGES = frozenset({"batch_seq", "pending", "incomplete_uploads", "foreign_segments", "backlog",
-                    "other_datacenter_segments", "scanned"})
+                    "other_datacenter_segments", "loaded"})
 
 
 class PipelineError(CdcError):

@@ -151,6 +151,86 @@ def request_cql(config: PipelineConfig, *, tables=None, consistency=None, splits
     return answer
 
 
+def request_sstables(config: PipelineConfig, *, tag=None, tables=None, nodes=None, sstables_per_batch=None) -> dict:
+    """Ask the next ``cassandra_cdc`` runs to load ``tables`` (empty: every captured table in the snapshot) from
+    the SSTable snapshot ``tag`` that the nodes' agents shipped (``agent snapshot``; every node that shipped one,
+    or ``nodes``). Each SSTable is an item: ``sstables_per_batch`` of them per batch (default ``max_segments``),
+    within ``max_bytes`` of Data.db."""
+    from cdc_lib.sstable.descriptor import is_data_file
+    if not tag:
+        raise ConfigError("sstables backfill: give the snapshot's tag (agent snapshot --tag)")
+    store = open_store(config)
+    schema = load_schema(config)
+    captured = {t.qualified_name: t for t in schema.captured_tables()}
+    chosen = _table_names(tables)
+    for name in chosen or ():
+        if name not in captured:
+            raise ConfigError(f"sstables backfill: {name} is not a captured table (unknown, cdc = false in the "
+                              "schema, or left out by the include/exclude settings)")
+    wanted_nodes = _table_names(nodes)
+    manifests = []
+    for key in store.list(f"{Layout.SNAPSHOTS}/{config.cluster}/"):
+        parts = key.split("/")
+        if len(parts) == 5 and parts[3] == tag and parts[4] == "snapshot.json" and \
+                (wanted_nodes is None or parts[2] in wanted_nodes):
+            manifests.append(store.get_json(key))
+    if not manifests:
+        raise ConfigError(f"sstables backfill: no complete snapshot {tag!r} of cluster {config.cluster} in the store"
+                          + (f" from nodes {', '.join(wanted_nodes)}" if wanted_nodes else "")
+                          + " (run cassandra-cdc agent snapshot --tag on the nodes first)")
+    items, not_captured = [], set()
+    for m in sorted(manifests, key=lambda m: m["node"]):
+        for name, snap in sorted(m["tables"].items()):
+            if chosen is not None and name not in chosen:
+                continue
+            if name not in captured:
+                not_captured.add(name)
+                continue
+            by_sstable: dict = {}
+            for f in snap["files"]:
+                if f["name"].count("-") == 3:           # <version>-<id>-<format>-<component>
+                    by_sstable.setdefault(f["name"].rsplit("-", 1)[0], []).append(f)
+            for prefix, files in sorted(by_sstable.items()):
+                data = [f for f in files if is_data_file(f["name"])]
+                if not data:
+                    continue                            # components without their Data.db: nothing to read
+                items.append({"id": f"{m['node']}/{files[0]['dir']}/{prefix}", "kind": "sstable", "table": name,
+                              "node": m["node"], "files": files, "size": data[0]["size"],
+                              "source": f"{m['node']}/{files[0]['dir']}/{data[0]['name']}"})
+    if chosen is not None:
+        missing = sorted(set(chosen) - {i["table"] for i in items})
+        if missing:
+            raise ConfigError(f"sstables backfill: snapshot {tag!r} holds no SSTable of {', '.join(missing)}")
+    if not items:
+        raise ConfigError(f"sstables backfill: snapshot {tag!r} holds no SSTable of a captured table")
+    per_table = {}
+    for i in items:
+        t = per_table.setdefault(i["table"], {"sstables": 0, "bytes": 0})
+        t["sstables"] += 1
+        t["bytes"] += i["size"]
+    for i in items:
+        i["of"], i["of_bytes"] = per_table[i["table"]]["sstables"], per_table[i["table"]]["bytes"]
+    request_id = new_request_id("sstables")
+    per_batch = _positive("sstables_per_batch", sstables_per_batch, config.max_segments)
+    put_request(store, request_id, "sstables", items, per_batch=per_batch, batch={"tag": tag})
+    answer = {"mode": "sstables", "request_id": request_id, "tag": tag, "nodes": sorted(m["node"] for m in manifests),
+              "tables": per_table, "items": len(items), "not_captured_in_snapshot": sorted(not_captured)}
+    log.info("sstables backfill requested: %s", answer)
+    return answer
+
+
+def sstable_sources(store, batch: Batch) -> list:
+    """The SSTables a ``sstables`` backfill batch reads, as ``spark.merge_job`` sources: each file where the
+    readers find it (a local store's path, else its URL) with the sha256 to check a download against."""
+    import os
+    out = []
+    for item in batch.backfill["items"]:
+        files = [{**f, "path": os.path.join(store.root, *f["key"].split("/")) if store.local else
+                  store.url_for(f["key"])} for f in item["files"]]
+        out.append({**item, "files": files})
+    return out
+
+
 def record_horizons(store, cluster: str, scanned: list) -> None:
     """Add what a batch's scans read, and when (``scan.horizon``), to the tables' horizon files."""
     from cdc_lib.scan.horizon import Horizon
@@ -182,9 +262,11 @@ def scan_sources(batch: Batch) -> list:
     return [dict(item) for item in batch.backfill["items"]]
 
 
-def scan_progress(store, batch: Batch, scanned: list) -> dict:
-    """Log and return what a ``cql`` batch scanned, per table: its ranges and rows, and the request's totals so far
-    (the previous batch of the same request carries them: the request's batches run back to back)."""
+def load_progress(store, batch: Batch, loaded: list) -> dict:
+    """Log and return what a backfill batch loaded, per table: its token ranges (``cql``) or SSTables
+    (``sstables``) done of the total, its rows (``cql``) or Data.db bytes (``sstables``), this batch's and the
+    request's so far (the previous batch of the same request carries them: the request's batches run back to
+    back)."""
     so_far: dict = {}
     if batch.batch_seq > 1:
         try:
@@ -192,27 +274,33 @@ def scan_progress(store, batch: Batch, scanned: list) -> dict:
         except Exception:  # noqa: BLE001 - no previous manifest: nothing so far
             prev = None
         if prev is not None and prev.backfill.get("request_id") == batch.backfill["request_id"]:
-            so_far = {t: dict(v) for t, v in (prev.steps.get("transform") or {}).get("scanned", {}).items()}
-    totals = {}
-    for item in batch.backfill["items"]:
-        totals[item["table"]] = item["of"]
-    for s in scanned:
-        t = so_far.setdefault(s["table"], {"ranges": 0, "rows": 0})
-        t["ranges"] += 1
-        t["rows"] += s["rows"]
-    for table in sorted({s["table"] for s in scanned}):
-        mine = [s for s in scanned if s["table"] == table]
-        log.info("backfill %s: %s: %d of %d token ranges done (this batch: %d ranges, %d rows%s; so far %d rows)",
-                 batch.backfill["request_id"], table, so_far[table]["ranges"], totals.get(table, 0), len(mine),
-                 sum(s["rows"] for s in mine),
-                 f", {sum(s['from_store'] for s in mine)} read back from an earlier attempt"
-                 if any(s["from_store"] for s in mine) else "", so_far[table]["rows"])
+            so_far = {t: dict(v) for t, v in (prev.steps.get("transform") or {}).get("loaded", {}).items()}
+    scan = batch.backfill["mode"] == "cql"
+    what, size = ("token ranges", "rows") if scan else ("SSTables", "bytes")
+    totals = {item["table"]: item for item in batch.backfill["items"]}
+    for s in loaded:
+        t = so_far.setdefault(s["table"], {"done": 0, size: 0})
+        t["done"] += 1
+        t[size] += s[size]
+    for table in sorted({s["table"] for s in loaded}):
+        mine = [s for s in loaded if s["table"] == table]
+        item = totals.get(table, {})
+        of = f" of {item['of_bytes']:,}" if not scan and "of_bytes" in item else ""
+        again = sum(s.get("from_store", 0) for s in mine)
+        log.info("backfill %s: %s: %d of %d %s done (this batch: %d %s, %d %s%s; so far %d%s %s)",
+                 batch.backfill["request_id"], table, so_far[table]["done"], item.get("of", 0), what, len(mine),
+                 what, sum(s[size] for s in mine), size,
+                 f", {again} read back from an earlier attempt" if again else "", so_far[table][size], of, size)
     return so_far
 
 
 def describe(batch: Batch) -> str:
-    """What a ``cql`` backfill batch does, for the transform's first log line."""
+    """What a ``cql`` or ``sstables`` backfill batch does, for the transform's first log line."""
     b = batch.backfill
-    tables = sorted({i["table"] for i in b["items"]})
-    return (f"backfill {b['request_id']}: scan {len(b['items'])} token ranges of {', '.join(tables)} at "
-            f"{b['consistency']} ({b['remaining']} of {b['total']} ranges left after this batch)")
+    tables = ", ".join(sorted({i["table"] for i in b["items"]}))
+    if b["mode"] == "sstables":
+        return (f"backfill {b['request_id']}: load {len(b['items'])} SSTables of {tables} from snapshot {b['tag']} "
+                f"({sum(i['size'] for i in b['items']) / 1e6:.1f} MB of Data.db; {b['remaining']} of {b['total']} "
+                "SSTables left after this batch)")
+    return (f"backfill {b['request_id']}: scan {len(b['items'])} token ranges of {tables} at {b['consistency']} "
+            f"({b['remaining']} of {b['total']} ranges left after this batch)")

@@ -49,7 +49,8 @@ from cdc_lib.storage.quarantine import quarantined_records
 
 from .backfill import snapshot_outbox
 from .bootstrap import describe as describe_scan
-from .bootstrap import read_horizons, record_horizons, scan_progress, scan_settings, scan_sources
+from .bootstrap import (load_progress, read_horizons, record_horizons, scan_settings, scan_sources,
+                        sstable_sources)
 from .batches import (POINTER_KEY, SNAPSHOT_REQUEST_KEY, STATES, SWEEP_REQUEST_KEY, Batch, Fault, PipelineError,
                       batch_id_for, manifest_key, no_fault, processing_time, read_batch, read_pointer, record_metrics,
                       reload_batch, save_batch, segment_sources)
@@ -60,6 +61,7 @@ from .requests import claim_share, consume_share
 from .resources import MiB, delta_root, load_schema, open_store
 
 log = logging.getLogger("cassandra_cdc.pipeline")
+LOADS = ("cql", "sstables")      # backfill modes whose batches load live data (bootstrap)
 
 
 # ------------------------------------------------------------------------------------------------ 1. claim
@@ -233,7 +235,7 @@ def transform_mode(config: PipelineConfig, batch: Batch) -> str:
         return "spark-submit"
     if batch.backfill.get("mode") == "cql":
         return "driver" if config.spark_master.startswith("local") and config.driver_batch_max_bytes else "spark"
-    size = sum(s["size"] for s in batch.segments)
+    size = sum(s["size"] for s in batch.segments + batch.backfill.get("items", []))
     if config.spark_master.startswith("local") and size <= config.driver_batch_max_bytes:
         return "driver"
     return "spark"
@@ -244,8 +246,9 @@ def _describe(batch: Batch, config: PipelineConfig) -> str:
     head = f"batch {batch.batch_id} (seq {batch.batch_seq}, processing time {batch.now})"
     if batch.snapshot:
         return f"{head}: backfill snapshot of every visible row (no segments)"
-    if batch.backfill.get("mode") == "cql":
-        how = {"driver": "in this process", "spark": f"Spark {config.spark_master}"}[transform_mode(config, batch)]
+    if batch.backfill.get("mode") in LOADS:
+        how = {"driver": "in this process", "spark": f"Spark {config.spark_master}",
+               "spark-submit": f"spark-submit --master {config.spark_master}"}[transform_mode(config, batch)]
         return f"{head}: {describe_scan(batch)} {how}"
     if batch.backfill:
         return f"{head}: {describe_replay(batch)}"
@@ -289,7 +292,7 @@ def transform(config: PipelineConfig, batch, *, fault: Fault = no_fault, spark=N
             counters.update(events=snapshot_outbox(config, root, schema, batch, hook))
         elif batch.backfill.get("purpose") == "reemit":
             counters.update(events=reemit_outbox(config, root, batch, hook))
-        elif batch.backfill.get("mode") == "cql":
+        elif batch.backfill.get("mode") in LOADS:
             counters.update(_run_transform(config, store, root, schema, batch, hook, spark))
         elif batch.sweep or not batch.segments:
             from cdc_lib.sinks.delta import DeltaRsStateStore, run_store_batch
@@ -323,8 +326,10 @@ def _run_transform(config: PipelineConfig, store: ObjectStore, root: str, schema
     """The Spark job of a batch with segments or token ranges to scan, where ``transform_mode`` says; returns its
     counters."""
     mode = transform_mode(config, batch)
-    scan = batch.backfill.get("mode") == "cql"
-    if mode == "spark-submit" and scan:
+    load = batch.backfill.get("mode")
+    if load not in LOADS:
+        load = None
+    if mode == "spark-submit" and load == "cql":
         raise ConfigError("a cql backfill batch runs in the transform's own process or Spark session, not with "
                           "spark-submit (the job would need the Cassandra credentials): set spark_submit false "
                           "for the cassandra_cdc runs of the backfill")
@@ -343,12 +348,15 @@ def _run_transform(config: PipelineConfig, store: ObjectStore, root: str, schema
         t1 = time.monotonic()
         session = spark or spark_session(config)
         counters["spark_start_s"] = round(time.monotonic() - t1, 3)
-    if scan:
+    if load == "cql":
         b = batch.backfill
         sources, checksums = scan_sources(batch), None
         extra = dict(create_op="r", scan_settings=scan_settings(config, b["consistency"], b["page_size"]),
                      parallelism=b["parallelism"],
-                     on_scanned=lambda scanned: record_horizons(store, config.cluster, scanned))
+                     on_loaded=lambda loaded: record_horizons(store, config.cluster, loaded))
+    elif load == "sstables":
+        sources, checksums = sstable_sources(store, batch), None
+        extra = dict(create_op="r")
     else:
         sources, checksums = segment_sources(store, batch)
         extra = dict(horizons=read_horizons(store, config.cluster))
@@ -357,9 +365,14 @@ def _run_transform(config: PipelineConfig, store: ObjectStore, root: str, schema
                     cluster=config.cluster, app_id=config.app_id, store_url=store.url,
                     store_options=config.fs_options(), checksums=checksums, fail_hook=hook, **extra)
     counters.update(events=res.events, state_rows_written=sum(res.tables.values()))
-    if scan:
-        counters.update(scanned=scan_progress(store, batch, res.scanned),
-                        scanned_rows=sum(s["rows"] for s in res.scanned), scanned_ranges=len(res.scanned))
+    if load == "cql":
+        counters.update(loaded=load_progress(store, batch, res.loaded), scanned_ranges=len(res.loaded),
+                        scanned_rows=sum(s["rows"] for s in res.loaded))
+    elif load == "sstables":
+        counters.update(loaded=load_progress(store, batch, res.loaded), sstables=len(res.loaded),
+                        sstable_bytes=sum(s["bytes"] for s in res.loaded), damaged_sstable_entries=len(res.damaged))
+        for key in res.damaged:
+            log.warning("transform: quarantined %s (damaged bytes in an SSTable of the snapshot)", key)
     return counters
 
 

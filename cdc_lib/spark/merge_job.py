@@ -69,7 +69,7 @@ from cdc_lib.state.batch import process_partition, table_order
 CHUNK_PARTITIONS = 20_000      # partitions per prior-state read in a reconcile task (bounds executor memory)
 RESULT_PREFIX = "cdc-batch-result: "    # the job's last stdout line: this, then its BatchResult as JSON
 SWEEP_KIND = "_sweep"          # marker row: load and sweep this partition even without records
-REC_CELL, REC_DAMAGE, REC_SCANNED = "cell", "damage", "scanned"
+REC_CELL, REC_DAMAGE, REC_LOADED = "cell", "damage", "loaded"
 
 log = logging.getLogger(__name__)
 LAST_TIMINGS: dict = {}    # seconds per stage of the last ``run_batch`` in this process (benchmarks read it)
@@ -87,7 +87,8 @@ PARSED_SCHEMA = pa.schema([pa.field(f.name, f.type) for f in CELL_LOG_SCHEMA] + 
     pa.field("_record", pa.string()),
     pa.field("_quarantine_key", pa.string()),
     pa.field("_damage_reason", pa.string()),
-    pa.field("_scan", pa.string()),           # a scanned token range: what it read (JSON, ``_scan_summary``)
+    pa.field("_loaded", pa.string()),         # a token range scanned or an SSTable read: what it held (JSON,
+                                              # ``_load_summary``)
 ])
 
 OUT_SCHEMA = pa.schema([
@@ -125,7 +126,7 @@ class BatchResult:
     tables: dict = field(default_factory=dict)      # qualified name -> change rows merged
     skipped_tables: list = field(default_factory=list)
     damaged: list = field(default_factory=list)     # quarantine keys
-    scanned: list = field(default_factory=list)     # token ranges scanned: {table, index, rows, from_store, ms}
+    loaded: list = field(default_factory=list)      # token ranges scanned, SSTables read (``_load_summary``)
 
 
 def _spark_schema(schema: pa.Schema):
@@ -170,8 +171,8 @@ def segment_file(source: str, checksum: Optional[str], store_options: dict):
 
 def _parse_sources(schema, store_url: str, store_options: dict, cluster: str, batch_id: str, scan_settings=None):
     """The ``mapInArrow`` function of step 1 (a closure shipped to executors): rows of ``source`` (a source as
-    JSON: a segment's path or URL, or a token range to scan, see ``source_descriptors``) in; cell-log rows, one
-    summary row per damage and one per scanned range out."""
+    JSON: a segment's path or URL, a token range to scan or an SSTable, see ``source_descriptors``) in; cell-log
+    rows, one summary row per damage and one per token range or SSTable out."""
 
     def parse(batches):
         from cdc_lib.celllog.reader import read_cell_log
@@ -186,11 +187,15 @@ def _parse_sources(schema, store_url: str, store_options: dict, cluster: str, ba
                         store = ObjectStore.from_url(store_url, **store_options)
                     yield from _scanned_cells(schema, store, scan_settings, src)
                     continue
-                source = src["path"]
                 damages = []
-                with segment_file(source, src.get("checksum"), store_options) as path:
-                    for cells in read_cell_log(path, schema, on_damage=damages.append, cdc_only=True):
-                        yield _parsed_cells(cells)
+                if src["kind"] == "sstable":
+                    source = f"{src['node']}/{src['source'].rsplit('/', 1)[-1]}"   # quarantined under its node
+                    yield from _sstable_cells(schema, store_options, src, damages)
+                else:
+                    source = src["path"]
+                    with segment_file(source, src.get("checksum"), store_options) as path:
+                        for cells in read_cell_log(path, schema, on_damage=damages.append, cdc_only=True):
+                            yield _parsed_cells(cells)
                 if not damages:
                     continue
                 if store is None:
@@ -230,14 +235,59 @@ def _scanned_cells(schema, store, settings, src: dict):
     log.info("scan %s: token range %d of %d %s: %d rows in %.1f s%s", src["table"], src["index"] + 1, src["of"],
              f"({rng.start}, {rng.end}]", stats["rows"], took,
              " (the earlier scan, read from the store)" if stats["from_store"] else "")
-    summary = {"table": src["table"], "table_id": str(table.id), "index": src["index"], "start": rng.start,
-               "end": rng.end, "rows": stats["rows"], "pages": stats["pages"], "from_store": stats["from_store"],
-               "seconds": round(took, 3), "key": src["key"]}
-    yield pa.RecordBatch.from_pylist([{
-        "segment": src["source"], "segment_id": 0, "position": 0, "entry_index": 0, "seq": 0, "table_id": "",
+    yield _loaded_row({"table": src["table"], "table_id": str(table.id), "index": src["index"], "start": rng.start,
+                       "end": rng.end, "rows": stats["rows"], "pages": stats["pages"],
+                       "from_store": stats["from_store"], "seconds": round(took, 3), "key": src["key"]})
+
+
+@contextmanager
+def sstable_directory(src: dict, store_options: dict):
+    """The Data.db path of an SSTable source with its companion files beside it: a local store's files in place;
+    an object store's downloaded into ``<new private directory>/<keyspace>/<table>-<id>/`` (the names the reader
+    takes the table from), each checked against its sha256."""
+    data = next(f for f in src["files"] if f["name"].endswith("-Data.db"))
+    if "://" not in data["path"] or data["path"].startswith("file://"):
+        yield data["path"].removeprefix("file://")
+        return
+    import shutil
+    import tempfile
+    directory = tempfile.mkdtemp(prefix="cdc-sstable-")
+    try:
+        target = os.path.join(directory, *data["dir"].split("/"))
+        os.makedirs(target)
+        for f in src["files"]:
+            with segment_file(f["path"], f["checksum"], store_options) as local:
+                shutil.copyfile(local, os.path.join(target, f["name"]))
+        yield os.path.join(target, data["name"])
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _sstable_cells(schema, store_options: dict, src: dict, damages: list):
+    """The cell-log rows of one SSTable of a node's snapshot (``cdc_lib.sstable``), then its summary row; damaged
+    bytes go to ``damages`` (quarantined by the caller, as a segment's)."""
+    from cdc_lib.sstable import read_sstable_cell_log
+    t0 = time.monotonic()
+    stats: dict = {}
+    with sstable_directory(src, store_options) as data_path:
+        for cells in read_sstable_cell_log(data_path, schema, on_damage=damages.append, stats=stats):
+            yield _parsed_cells(cells)
+    took = time.monotonic() - t0
+    log.info("load %s: SSTable %s (%d bytes): %d partitions, %d records in %.1f s", src["table"], src["source"],
+             src["size"], stats.get("partitions", 0), stats.get("records", 0), took)
+    yield _loaded_row({"table": src["table"], "index": src["id"], "bytes": src["size"],
+                       "partitions": stats.get("partitions", 0), "records": stats.get("records", 0),
+                       "damaged": len(damages), "seconds": round(took, 3)})
+
+
+def _loaded_row(summary: dict) -> pa.RecordBatch:
+    """The summary row of a token range scanned or an SSTable read (``_load_summary`` reads it back)."""
+    keyspace, name = summary["table"].split(".", 1)
+    return pa.RecordBatch.from_pylist([{
+        "segment": "", "segment_id": 0, "position": 0, "entry_index": 0, "seq": 0, "table_id": "",
         "keyspace": keyspace, "table": name, "partition_key": b"", "token": 0, "clustering": b"",
         "is_static": False, "kind": "", "timestamp": 0, "ttl": 0, "local_deletion_time": 0,
-        "_record": REC_SCANNED, "_scan": json.dumps(summary)}], schema=PARSED_SCHEMA)
+        "_record": REC_LOADED, "_loaded": json.dumps(summary)}], schema=PARSED_SCHEMA)
 
 
 def _parsed_cells(cells) -> pa.RecordBatch:
@@ -250,7 +300,8 @@ def _parsed_cells(cells) -> pa.RecordBatch:
 def source_descriptors(segments, checksums: Optional[dict] = None) -> list:
     """The sources of a batch as the parse step takes them (JSON text): each segment path or URL as
     ``{"kind": "segment", "path", "checksum"}`` (sha256 hex from ``checksums`` to check a download against), and
-    a dict (a token range to scan: ``{"kind": "cql", ...}``, ``pipeline.bootstrap``) as it is."""
+    a dict (a token range to scan, ``{"kind": "cql", ...}``, or an SSTable, ``{"kind": "sstable", ...}``:
+    ``pipeline.bootstrap``) as it is."""
     checksums = checksums or {}
     return [json.dumps(s, sort_keys=True) if isinstance(s, dict) else
             json.dumps({"kind": "segment", "path": str(s), "checksum": checksums.get(str(s))}, sort_keys=True)
@@ -367,7 +418,7 @@ def run_batch(spark, segments, *, root: str, storage_options: Optional[dict] = N
               prev_now: Optional[int] = None, cluster: str = "default", app_id: str = "cassandra-cdc",
               store_url: Optional[str] = None, store_options: Optional[dict] = None,
               checksums: Optional[dict] = None, fail_hook=None, create_op: str = "c", scan_settings=None,
-              parallelism: int = 1, horizons: Optional[dict] = None, on_scanned=None) -> BatchResult:
+              parallelism: int = 1, horizons: Optional[dict] = None, on_loaded=None) -> BatchResult:
     """Reconcile the cell log of ``segments`` (local paths or object-store URLs of segments, or token ranges to
     scan: ``source_descriptors``) into the Delta state tables and the outbox under ``root``.
 
@@ -380,7 +431,7 @@ def run_batch(spark, segments, *, root: str, storage_options: Optional[dict] = N
     backfill). ``scan_settings`` (``scan.ScanSettings``): how token ranges are read; ``parallelism``: sources
     read at once without Spark (token ranges: the scan waits on Cassandra, not on this CPU). ``horizons``: table
     id -> when a backfill scan read its partitions (``scan.horizon``; older changes make no event);
-    ``on_scanned(scanned)`` is called with ``BatchResult.scanned`` once the sources are read, before anything is
+    ``on_loaded(loaded)`` is called with ``BatchResult.loaded`` once the sources are read, before anything is
     written.
     Safe to run again with the same arguments after any failure.
     """
@@ -416,16 +467,16 @@ def run_batch(spark, segments, *, root: str, storage_options: Optional[dict] = N
                  batch_seq=batch_seq, timings=timings)
     if spark is None:
         timings["mode"] = "driver"
-        result.damaged, result.scanned, events, states = _run_in_driver(
+        result.damaged, result.loaded, events, states = _run_in_driver(
             paths, marks, parse=parse, reconcile=reconcile, timings=timings, parallelism=parallelism)
-        if on_scanned is not None and result.scanned:
-            on_scanned(result.scanned)
+        if on_loaded is not None and result.loaded:
+            on_loaded(result.loaded)
         state_rows = zip(*(states.column(c).to_pylist() for c in ("table_id", "n_rows", "payload")))
         _write_outputs(event_chunks=lambda: events.to_batches(max_chunksize=OUTBOX_CHUNK),
                        state_rows=lambda: state_rows, **write)
     else:
         timings["mode"] = "spark"
-        _run_in_spark(spark, paths, marks, parse=parse, reconcile=reconcile, write=write, on_scanned=on_scanned)
+        _run_in_spark(spark, paths, marks, parse=parse, reconcile=reconcile, write=write, on_loaded=on_loaded)
     timings["total"] = time.perf_counter() - t_start
     LAST_TIMINGS.update({k: round(v, 3) if isinstance(v, float) else v for k, v in timings.items()})
     log.info("merge_batch %s: %s", batch_id, LAST_TIMINGS)
@@ -448,17 +499,17 @@ def _sweep_marks(store, tables, now: int, prev_now: Optional[int]) -> list:
     return marks
 
 
-def _run_in_spark(spark, paths: list, marks: list, *, parse, reconcile, write: dict, on_scanned=None) -> None:
+def _run_in_spark(spark, paths: list, marks: list, *, parse, reconcile, write: dict, on_loaded=None) -> None:
     """Steps 1-4 with the parsing, reconciling and writing spread over Spark tasks (any batch size, any master)."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
     timings, result, store = write["timings"], write["result"], write["store"]
     batch_id, batch_seq = write["batch_id"], write["batch_seq"]
     # 1. parse: consecutive segments per task, at most PARSE_TASKS_PER_CORE tasks per core (a task costs
-    # ~0.1-0.3 s here); a token range to scan is a task of its own (it waits on Cassandra). The source list is
+    # ~0.1-0.3 s here); a token range to scan or an SSTable is a task of its own. The source list is
     # built in the JVM (range + array literal): a Python-RDD source would add a Python worker round trip to every
     # task.
-    scans = any(json.loads(p)["kind"] == "cql" for p in paths)
+    scans = any(json.loads(p)["kind"] != "segment" for p in paths)
     slices = max(1, len(paths) if scans else
                  min(len(paths), spark.sparkContext.defaultParallelism * PARSE_TASKS_PER_CORE))
     if paths:
@@ -473,11 +524,11 @@ def _run_in_spark(spark, paths: list, marks: list, *, parse, reconcile, write: d
         with _timed(timings, "parse"):      # one job (toLocalIterator would run one per segment)
             rows = summaries.collect()
         result.damaged = [r["_quarantine_key"] for r in rows if r["_record"] == REC_DAMAGE]
-        result.scanned = [_scan_summary(r.asDict()) for r in rows if r["_record"] == REC_SCANNED]
-        if on_scanned is not None and result.scanned:
-            on_scanned(result.scanned)
+        result.loaded = [_load_summary(r.asDict()) for r in rows if r["_record"] == REC_LOADED]
+        if on_loaded is not None and result.loaded:
+            on_loaded(result.loaded)
         cells = parsed.filter(F.col("_record") == REC_CELL).drop("_record", "_quarantine_key", "_damage_reason",
-                                                                  "_scan")
+                                                                  "_loaded")
 
         # 2. group by partition (+ partitions with expiries to sweep)
         if marks:
@@ -591,10 +642,11 @@ def _outbox_batch(chunk, batch_id: str, batch_seq: int, first_seq: int) -> pa.Re
          pa.array(range(first_seq, first_seq + n), pa.int64())] + cols, schema=OUTBOX_SCHEMA)
 
 
-def _scan_summary(row: dict) -> dict:
-    """What the parse step says of one scanned token range (its ``REC_SCANNED`` row): table, table_id, index,
-    start, end, rows, pages (``scan.horizon``), from_store, seconds, key."""
-    return json.loads(row["_scan"])
+def _load_summary(row: dict) -> dict:
+    """What the parse step says of one token range scanned (table, table_id, index, start, end, rows, pages:
+    ``scan.horizon``, from_store, seconds, key) or one SSTable read (table, index, bytes, partitions, records,
+    damaged, seconds): its ``REC_LOADED`` row."""
+    return json.loads(row["_loaded"])
 
 
 def _source_table(paths: list) -> pa.RecordBatch:
@@ -605,13 +657,13 @@ def _run_in_driver(paths: list, marks: list, *, parse, reconcile, timings: dict,
     """Steps 1-3 in this process with the same executor functions, for a small batch; ``parallelism`` sources
     are read at once (threads: for token ranges, which wait on Cassandra).
 
-    Returns (damage quarantine keys, scanned ranges, events table sorted in publish order, state rows of
+    Returns (damage quarantine keys, loaded ranges and SSTables, events table sorted in publish order, state rows of
     ``OUT_SCHEMA``). Memory: the batch's cell log (bounded by ``driver_batch_max_bytes`` of segments, or the
     rows of the token ranges of a backfill batch) and its output.
     """
     import pyarrow.compute as pc
     cell_names = [f.name for f in CELL_LOG_SCHEMA]
-    damaged, scanned, cells = [], [], []
+    damaged, loaded, cells = [], [], []
     with _timed(timings, "parse"):
         if parallelism > 1 and len(paths) > 1:
             from concurrent.futures import ThreadPoolExecutor
@@ -628,7 +680,7 @@ def _run_in_driver(paths: list, marks: list, *, parse, reconcile, timings: dict,
                     if r["_record"] == REC_DAMAGE:
                         damaged.append(r["_quarantine_key"])
                     else:
-                        scanned.append(_scan_summary(r))
+                        loaded.append(_load_summary(r))
                 b = b.filter(pc.invert(summary))
             if b.num_rows:
                 cells.append(pa.Table.from_batches([b]).select(cell_names))
@@ -647,4 +699,4 @@ def _run_in_driver(paths: list, marks: list, *, parse, reconcile, timings: dict,
         events = out.filter(pc.equal(kind, "event")).sort_by(
             [(c, "ascending") for c in EVENT_ORDER]).select(list(EVENT_COLUMNS))
         states = out.filter(pc.equal(kind, "state"))
-    return damaged, scanned, events, states
+    return damaged, loaded, events, states

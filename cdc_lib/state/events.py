@@ -8,7 +8,7 @@ missing keys start empty) and returns the change events, in the order they must 
 
 Event (a plain dict; values are the Python values of ``cdc_lib.cql.types``, counters as their totals)::
 
-    {"id": str, "op": "c" | "u" | "d", "key": {primary key column: value},
+    {"id": str, "op": "c" | "u" | "d" | "r", "key": {primary key column: value},
      "before": row | None, "after": row | None, "changed": [column, ...],
      "source": {"cluster", "node", "keyspace", "table", "segment", "position", "ts_us", "expired",
                 "connector": "cassandra-cdc"},
@@ -68,6 +68,10 @@ seen, applied in write-time order; that is what readers saw whenever mutations w
 and reached the pipeline no later than newer ones (server-side timestamps, no lagging replica). Out-of-order
 client timestamps and late segments are the exception: their events still chain, and the latest image is
 always the row as it is.
+
+``r`` (a read) is a row a backfill loaded: ``apply_batch(create_op="r")`` for the records of a scan,
+``snapshot_events`` for the state as it is. ``apply_batch(quiet_before=...)`` merges changes older than a scan's
+read of their partition without an event (``scan.horizon``).
 
 Other entry points: ``snapshot_events`` (``r`` events of every visible row, for a backfill),
 ``partition_next_expiry`` (a partition's next TTL expiry, so a store can sweep only what can expire).

@@ -12,6 +12,8 @@
     backfill/<cluster>/<request>/<keyspace>.<table>/<n>.arrow   rows a backfill scanned from token range n (an
                                                            Arrow IPC stream of cell-log records)
     backfill/<cluster>/horizons/<keyspace>.<table>.json    when the backfill scans read each part of the table
+    snapshots/<cluster>/<node>/<tag>/<keyspace>/<table>-<id>/<file>   a node's SSTable snapshot (agent snapshot)
+    snapshots/<cluster>/<node>/<tag>/snapshot.json         its manifest, written last
     checkpoints/<name>.json                                pipeline checkpoints
     ledger/<batch_id>.json                                 the pipeline's batch ledger
     outbox/<name>                                          events waiting to be published
@@ -73,6 +75,7 @@ class Layout:
     DELTA = "delta"
     NODES = "nodes"
     BACKFILL = "backfill"
+    SNAPSHOTS = "snapshots"
 
     @staticmethod
     def _segment_key(area: str, cluster: str, node: str, segment_name: str) -> str:
@@ -154,6 +157,22 @@ class Layout:
     @classmethod
     def horizons_prefix(cls, cluster: str) -> str:
         return f"{cls.BACKFILL}/{_check_name('cluster', cluster)}/horizons/"
+
+    @classmethod
+    def snapshot_prefix(cls, cluster: str, node: str, tag: str) -> str:
+        return (f"{cls.SNAPSHOTS}/{_check_name('cluster', cluster)}/{_check_name('node', node)}/"
+                f"{_check_name('snapshot tag', tag)}/")
+
+    @classmethod
+    def snapshot_manifest(cls, cluster: str, node: str, tag: str) -> str:
+        """What a node's snapshot holds (written last: the snapshot is complete when it exists)."""
+        return cls.snapshot_prefix(cluster, node, tag) + "snapshot.json"
+
+    @classmethod
+    def snapshot_file(cls, cluster: str, node: str, tag: str, keyspace: str, table_dir: str, name: str) -> str:
+        """One file of a node's snapshot of a table (``table_dir``: ``<table>-<id>``, as on the node)."""
+        return (cls.snapshot_prefix(cluster, node, tag) + f"{_check_name('keyspace', keyspace)}/"
+                f"{_check_name('table directory', table_dir)}/{_check_name('file', name)}")
 
     @classmethod
     def checkpoint(cls, name: str) -> str:
