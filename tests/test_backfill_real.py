@@ -23,7 +23,7 @@ from cdc_lib.demo.compare import Comparison, compare_native, compare_table, delt
 from cdc_lib.pipeline.backfill import request_backfill
 from cdc_lib.sinks.delta import read_outbox, read_state, states_from_rows
 
-SPLITS, PER_BATCH = 4, 2          # cql: token ranges per table, per batch
+SPLITS, PER_BATCH = 4, 4          # cql: token ranges per table, per batch (a table a batch)
 TAG = "handoff"                   # sstables: the snapshot
 
 

@@ -23,12 +23,16 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from cdc_lib.errors import ConfigError
+from cdc_lib.errors import CdcError, ConfigError
 from cdc_lib.settings import AgentConfig
 from cdc_lib.storage.layout import Layout
 from cdc_lib.storage.objects import ObjectStore, sha256_file
 
 log = logging.getLogger("cassandra_cdc.agent")
+
+
+class NodetoolError(CdcError):
+    """``nodetool`` failed (its exit status and output say why): the snapshot could not be taken or cleared."""
 
 
 def snapshot_dirs(data_dirs, keyspace: str, table: str, tag: str) -> list:
@@ -100,6 +104,6 @@ def nodetool_command(command: str) -> Callable[..., str]:
     def run(*args: str) -> str:
         r = subprocess.run([*argv, *args], capture_output=True, text=True)
         if r.returncode != 0:
-            raise ConfigError(f"{command} {' '.join(args)} failed ({r.returncode}): {r.stdout}{r.stderr}")
+            raise NodetoolError(f"{command} {' '.join(args)} failed ({r.returncode}): {r.stdout}{r.stderr}")
         return r.stdout
     return run

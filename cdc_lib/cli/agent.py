@@ -97,7 +97,7 @@ def load_agent_config(args: argparse.Namespace, env: dict[str, str] | None = Non
 
 def snapshot_main(argv: list[str]) -> int:
     """``cassandra-cdc agent snapshot ...`` (``agent.snapshot``): prints the manifest's summary."""
-    from cdc_lib.agent.snapshot import nodetool_command, ship_snapshot
+    from cdc_lib.agent.snapshot import NodetoolError, nodetool_command, ship_snapshot
     args = build_snapshot_parser().parse_args(argv)
     try:
         cfg = load_agent_config(args)
@@ -108,6 +108,9 @@ def snapshot_main(argv: list[str]) -> int:
     except ConfigError as e:
         print(f"cassandra-cdc agent snapshot: {e}", file=sys.stderr)
         return exits.USAGE
+    except NodetoolError as e:
+        print(f"cassandra-cdc agent snapshot: {e}", file=sys.stderr)
+        return exits.FAILED
     files = [f for t in manifest["tables"].values() for f in t["files"]]
     print(f"cassandra-cdc agent snapshot: {manifest['tag']} of {', '.join(manifest['tables'])} on "
           f"{manifest['node']}: {len(files)} files, {sum(f['size'] for f in files) / 1e6:.1f} MB in the store")

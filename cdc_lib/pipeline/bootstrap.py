@@ -1,5 +1,10 @@
 """Bootstrap: load the rows a table held before CDC was enabled, as ``op = 'r'`` events and state (backfill DAG
-``mode = cql``).
+``mode = cql`` and ``mode = sstables``).
+
+``request_sstables`` loads them from the SSTable snapshots the nodes' agents shipped (``agent.snapshot``): each
+SSTable is an item, read by ``cdc_lib.sstable`` with its real write times, TTLs and tombstones (the snapshot holds
+every write before it, so the commit log's older changes merge into it without bringing anything back).
+``request_cql`` scans the live tables:
 
 A table that already holds data when CDC is enabled is empty for the pipeline: the first update of an old row
 would be a ``c`` event whose ``after`` holds only the updated column. ``request_cql`` asks for a **parallel scan

@@ -26,9 +26,9 @@ that is no longer in the store (archive retention) is listed as missing.
 Exactly once: a replay request is one backfill request (``requests``), consumed batch by batch; the claim writes
 the manifest (which names the items it covers) before it takes them off the request, so a crash in between
 replays nothing twice. Replay batches come before new segments: a rebuild must not let a new segment's cells land
-on a lost table first (the event would carry half a row). A backfill batch of mode ``cql`` has no segments either:
-a rebuild skips it (counted with the snapshot and sweep batches); scan the table again to restore what it
-loaded.
+on a lost table first (the event would carry half a row). A backfill batch of mode ``cql`` or ``sstables`` has no
+segments either: a rebuild skips it (counted with the snapshot and sweep batches); load the table again to restore
+what it loaded.
 """
 from __future__ import annotations
 

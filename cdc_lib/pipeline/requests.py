@@ -1,7 +1,8 @@
 """Backfill requests: work the backfill DAG asks for, done share by share as batches of the one batch sequence.
 
 A request (``checkpoints/backfill-request.json``) is a list of pending items and what they are: archived segments
-or batches to replay (``replay``), token ranges of live tables to scan (``cql``). One request is pending at a
+or batches to replay (``replay``), token ranges of live tables to scan (``cql``), SSTables of a snapshot
+(``sstables``). One request is pending at a
 time; the ``cassandra_cdc`` runs claim its shares before any new segment, so its batches follow each other with
 no stream batch in between, and every topic holds: the stream before the request, the request's batches, the
 stream after it.
