@@ -389,3 +389,14 @@ def test_scanned_ranges_merge_alike_on_spark_and_in_the_process(tmp_path, schema
     events, state, scanned, n = got["driver"]
     assert [op for op, _, _ in events] == ["r"] * 8 and n == 8     # 6 rows, a static-only partition, a key-only row
     assert scanned == [(0, 6, 1), (1, 2, 1)]
+
+
+def test_a_long_ranges_read_times_are_kept_coarse_and_never_later_than_the_read():
+    from cdc_lib.scan.horizon import Horizon
+    from cdc_lib.scan.reader import coarse_pages
+    pages = [(t * 10, 1000 + t) for t in range(1, 1001)]                   # 1000 pages, the last ends at 10000
+    kept = coarse_pages(pages, 64)
+    assert len(kept) <= 64 and kept[-1][0] == 10_000
+    exact, coarse = Horizon([(0, 10_000, pages)]), Horizon([(0, 10_000, kept)])
+    assert all(coarse.at(t) <= exact.at(t) for t in range(1, 10_001, 7))
+    assert coarse_pages(pages[:5], 64) == pages[:5]

@@ -48,7 +48,7 @@ from cdc_lib.storage.objects import ObjectStore
 from cdc_lib.storage.quarantine import quarantined_records
 
 from .backfill import snapshot_outbox
-from .bootstrap import describe as describe_scan
+from .bootstrap import describe as describe_load
 from .bootstrap import (load_progress, read_horizons, record_horizons, scan_settings, scan_sources,
                         sstable_sources)
 from .batches import (POINTER_KEY, SNAPSHOT_REQUEST_KEY, STATES, SWEEP_REQUEST_KEY, Batch, Fault, PipelineError,
@@ -235,7 +235,7 @@ def transform_mode(config: PipelineConfig, batch: Batch) -> str:
         return "spark-submit"
     if batch.backfill.get("mode") == "cql":
         return "driver" if config.spark_master.startswith("local") and config.driver_batch_max_bytes else "spark"
-    size = sum(s["size"] for s in batch.segments + batch.backfill.get("items", []))
+    size = sum(s.get("size", 0) for s in batch.segments + batch.backfill.get("items", []))
     if config.spark_master.startswith("local") and size <= config.driver_batch_max_bytes:
         return "driver"
     return "spark"
@@ -249,7 +249,7 @@ def _describe(batch: Batch, config: PipelineConfig) -> str:
     if batch.backfill.get("mode") in LOADS:
         how = {"driver": "in this process", "spark": f"Spark {config.spark_master}",
                "spark-submit": f"spark-submit --master {config.spark_master}"}[transform_mode(config, batch)]
-        return f"{head}: {describe_scan(batch)} {how}"
+        return f"{head}: {describe_load(batch)} {how}"
     if batch.backfill:
         return f"{head}: {describe_replay(batch)}"
     if not batch.segments:
@@ -323,8 +323,8 @@ def transform(config: PipelineConfig, batch, *, fault: Fault = no_fault, spark=N
 
 def _run_transform(config: PipelineConfig, store: ObjectStore, root: str, schema, batch: Batch, hook,
                    spark) -> dict:
-    """The Spark job of a batch with segments or token ranges to scan, where ``transform_mode`` says; returns its
-    counters."""
+    """The Spark job of a batch with segments, token ranges to scan or SSTables, where ``transform_mode`` says;
+    returns its counters."""
     mode = transform_mode(config, batch)
     load = batch.backfill.get("mode")
     if load not in LOADS:

@@ -8,8 +8,9 @@ element written, then removed, both before the scan, would reappear and disappea
 state exact; their *events* would show rows going back in time.
 
 So each token range remembers, page by page, when its rows were read: ``pages`` is ``[(last token of the page,
-microseconds when the page was requested)]``, the last page extended to the range's end. A partition's horizon is
-the time of the first page that could hold it (a wide partition's first page). The state engine merges a
+microseconds when the page was requested)]``, the last page extended to the range's end, at most 64 entries per
+range (``reader.coarse_pages`` merges pages under their first page's time). A partition's horizon is the time of the
+first page that could hold it (a wide partition's first page). The state engine merges a
 commit-log mutation older than its partition's horizon without an event (``state.events.apply_batch``,
 ``quiet_before``). A write still in flight while its partition was read (its write time a moment before the read,
 applied a moment after) is merged into the state without an event: the row's next event shows it.

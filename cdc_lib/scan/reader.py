@@ -34,6 +34,7 @@ log = logging.getLogger("cassandra_cdc.scan")
 SCAN_METADATA = b"cassandra-cdc.scan"      # custom metadata of a scanned range file's last (empty) batch:
                                             # {"rows": n, "pages": [[last token, microseconds], ...]}
 BATCH_RECORDS = 65_536                      # records per Arrow batch handed out
+PAGES_KEPT = 64                             # page read times kept per range (``coarse_pages``)
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,18 @@ def scan_range(session, scan: TableScan, rng: TokenRange, settings: ScanSettings
         result.fetch_next_page()
     if len(out):
         yield out.take()
+    stats["pages"] = coarse_pages(pages, PAGES_KEPT)
+
+
+def coarse_pages(pages: list, keep: int) -> list:
+    """At most ``keep`` of a range's ``(last token, read time)`` pages: consecutive pages merged, each group with
+    its last token and its first page's time (the earliest: a horizon may only be earlier than the read, never
+    later, or a change the scan did not see would make no event). Every stream batch reads the horizons, so they
+    stay small: a range read in 100,000 pages keeps 64 entries."""
+    if len(pages) <= keep:
+        return pages
+    step = -(-len(pages) // keep)
+    return [(pages[min(i + step, len(pages)) - 1][0], pages[i][1]) for i in range(0, len(pages), step)]
 
 
 def read_scanned_range(store, key: str, scan_rows, stats: dict) -> Iterator[pa.RecordBatch]:

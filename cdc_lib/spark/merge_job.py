@@ -6,7 +6,10 @@ mode runs for a claimed batch) and in-process (``run_batch(spark_session(config)
 Segments are read by whoever decodes them, straight from the store: a local path in place, an object-store URL
 (``s3://bucket/cdc/incoming/...``) downloaded by the executor itself (fsspec) into a private temporary file and
 checked against the sha256 the batch claimed it with. Nothing is staged through the driver, so a cluster needs no
-shared filesystem.
+shared filesystem. A backfill batch has other sources (``source_descriptors``): token ranges of live tables to
+scan (``cdc_lib.scan``, the ``cql`` mode) or the SSTables of a snapshot (``cdc_lib.sstable``, the ``sstables``
+mode), each read the same way by whoever parses it, into the same cell log; its rows that become visible are
+``r`` events (``create_op``).
 
 Data path on Spark (nothing proportional to the batch passes through the driver):
 
