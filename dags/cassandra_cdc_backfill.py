@@ -7,6 +7,11 @@ see it between two stream batches, without a gap or an overlap. Param ``mode``:
 
 * ``snapshot`` (default): an ``op = 'r'`` event for every visible row of the Delta state tables, as the previous
   batch committed them;
+* ``cql``: load what live tables hold (rows written before CDC was enabled) through a parallel CQL scan by token
+  ranges (``tables``, ``consistency`` default QUORUM, ``splits``, ``page_size``, ``splits_per_batch``,
+  ``parallelism``), as ``op = 'r'`` events and state, before any new segment;
+* ``sstables``: the same from the SSTable snapshot ``tag`` the nodes' agents shipped (``cassandra-cdc agent
+  snapshot``; ``tables``, ``nodes``, ``sstables_per_batch``);
 * ``replay``: archived batches again (``batches_from``/``batches_to`` or ``since``/``until``), ``purpose``
   ``rebuild`` (their segments through the transform again: a lost or damaged state table is rebuilt, the events
   say what the repair changed) or ``reemit`` (their events published again, unchanged, with their ids).

@@ -1,4 +1,5 @@
-"""``spark-submit`` entry point of the transform step: one batch of commit-log segments -> Delta state + outbox.
+"""``spark-submit`` entry point of the transform step: one batch (commit-log segments, or the SSTables of a
+``sstables`` backfill) -> Delta state + outbox.
 
 A batch the pipeline claimed (what its ``spark_submit`` mode runs, through ``cdc_lib.spark.submit``): the job reads
 the batch's manifest (segments, checksums, processing time, sequence number) from the store::
@@ -72,13 +73,20 @@ def main(argv=None) -> int:
                   app_id=a.app_id, store_options=config.fs_options(), keys=encryption_keys(config))
     if a.store_url:
         from cdc_lib.pipeline.batches import read_batch, segment_sources
+        from cdc_lib.pipeline.bootstrap import read_horizons, sstable_sources
         from cdc_lib.pipeline.resources import delta_root, open_store
         store = open_store(config)
         batch = read_batch(store, a.batch_id)
-        segments, checksums = segment_sources(store, batch)
-        res = run_batch(spark, segments, root=delta_root(config, store), batch_id=batch.batch_id,
+        if batch.backfill.get("mode") == "sstables":       # a backfill from SSTable snapshots
+            sources, checksums, extra = sstable_sources(store, batch), None, {"create_op": "r"}
+        elif batch.backfill.get("mode") == "cql":
+            p.error(f"batch {batch.batch_id} scans live tables: it runs in the pipeline's process, not here")
+        else:
+            sources, checksums = segment_sources(store, batch)
+            extra = {"horizons": read_horizons(store, a.cluster)}
+        res = run_batch(spark, sources, root=delta_root(config, store), batch_id=batch.batch_id,
                         batch_seq=batch.batch_seq, now=batch.now, prev_now=batch.prev_now, store_url=store.url,
-                        checksums=checksums, **common)
+                        checksums=checksums, **extra, **common)
     else:
         res = run_batch(spark, a.segments, root=a.root, batch_id=a.batch_id, batch_seq=a.batch_seq, now=a.now,
                         prev_now=a.prev_now, **common)

@@ -22,14 +22,18 @@ Per key it checks: ``op`` agrees with the images (``c``: no ``before``; ``d``: n
 event's ``after``, and the images (first ``before``, then each ``after``) are a subsequence of the key's row
 across ``states`` (equal consecutive states counted once): each image existed, and history never goes back.
 With ``complete=True`` they must be the key's whole history, no state skipped: what a pipeline that saw every
-mutation must publish.
+mutation must publish. ``backfilled=True`` is for a stream that starts with a backfill (rows that existed before
+the pipeline saw any change): the states of a key before its first event may go unpublished (the backfill read the
+row at some moment; its first event is the ``r`` of that read, or a later change whose ``before`` is a whole state
+of the row), and a key with no event at all must end as it started (a row deleted before the backfill read it,
+which consumers never saw); from its first event on, the history must still be complete.
 """
 from __future__ import annotations
 
 import json
 
 
-def _canon(value) -> str | None:
+def canon(value) -> str | None:
     """One string per row or key, whatever produced it (dict order, tuples vs lists)."""
     if value is None:
         return None
@@ -45,6 +49,16 @@ def engine_events(table, events) -> list:
              to_json_event(table, e)) for e in events]
 
 
+def histories(states) -> dict:
+    """{key: the row's states across ``states`` (None: absent), equal consecutive states counted once}, in the
+    canonical form (``canon``): what ``check_histories`` takes."""
+    canon_states = [{canon(k): canon(r) for k, r in s.items()} for s in states]
+    if not canon_states:
+        raise AssertionError("no states: states[0] must be the table before the first event")
+    keys = set().union(*canon_states)
+    return {key: _history(canon_states, key) for key in keys}
+
+
 def _history(states, key) -> list:
     out = []
     for s in states:
@@ -54,26 +68,28 @@ def _history(states, key) -> list:
     return out
 
 
-def check_events(events, states, *, complete: bool = False) -> None:
+def check_events(events, states, *, complete: bool = False, backfilled: bool = False) -> None:
     """Raise AssertionError naming the key, the event and the row's history when the invariant does not hold."""
-    canon_states = [{_canon(k): _canon(r) for k, r in s.items()} for s in states]
-    if not canon_states:
-        raise AssertionError("no states: states[0] must be the table before the first event")
+    check_histories(events, histories(states), complete=complete, backfilled=backfilled)
+
+
+def check_histories(events, history_of: dict, *, complete: bool = False, backfilled: bool = False) -> None:
+    """``check_events`` with each key's history given (``histories``: a writer that changes a few rows at a time
+    can keep them as it goes, instead of whole-table states)."""
     by_key: dict = {}
     for i, (key, event) in enumerate(events):
-        by_key.setdefault(_canon(key), []).append((i, event))
+        by_key.setdefault(canon(key), []).append((i, event))
     keys = set(by_key)
     if complete:
-        for s in canon_states:
-            keys |= set(s)
+        keys |= set(history_of)
     for key in sorted(keys):
-        _check_key(key, by_key.get(key, ()), _history(canon_states, key), complete)
+        _check_key(key, by_key.get(key, ()), history_of.get(key, [None]), complete, backfilled)
 
 
-def _check_key(key: str, events, history: list, complete: bool) -> None:
+def _check_key(key: str, events, history: list, complete: bool, backfilled: bool = False) -> None:
     pos = None          # index in history of the last image matched
     for i, event in events:
-        op, before, after = event["op"], _canon(event.get("before")), _canon(event.get("after"))
+        op, before, after = event["op"], canon(event.get("before")), canon(event.get("after"))
 
         def fail(why):
             shown = "\n    ".join(str(h) for h in history[:12]) + ("\n    ..." if len(history) > 12 else "")
@@ -93,7 +109,10 @@ def _check_key(key: str, events, history: list, complete: bool) -> None:
             if before not in history:
                 fail("its before image is not a state the row ever had")
             start = history.index(before)
-            if complete and start != 0:
+            if backfilled:      # the first event may come at any point of the history: where it leads to `after`
+                start = next((j for j in range(start, len(history) - 1)
+                              if history[j] == before and history[j + 1] == after), start)
+            elif complete and start != 0:
                 fail("its before image is not the row's first state")
         else:
             if before != history[pos]:
@@ -106,6 +125,8 @@ def _check_key(key: str, events, history: list, complete: bool) -> None:
         if complete and op != "r" and found != start + 1:
             fail(f"states were skipped: {history[start + 1:found]}")
         pos = found
+    if complete and pos is None and backfilled and history[-1] == history[0]:
+        return                      # never seen by the backfill, gone before the end: consumers never had it
     if complete and (pos or 0) != len(history) - 1:
         raise AssertionError(f"key {key}: {'no event' if pos is None else 'the last event'} reaches its latest "
                              f"state; states not published: {history[(pos or 0) + 1:]}")

@@ -42,18 +42,7 @@ def schema_statements(rf: int) -> list:
         f"CREATE KEYSPACE IF NOT EXISTS {KS} WITH replication = {{'class': 'NetworkTopologyStrategy', 'datacenter1': {rf}}}",
         f"CREATE KEYSPACE IF NOT EXISTS {SCRATCH_KS} WITH replication = {{'class': 'NetworkTopologyStrategy', "
         f"'datacenter1': {rf}}}",
-        f"CREATE TYPE IF NOT EXISTS {KS}.addr (street text, city text, zip int)",
-        f"""CREATE TABLE IF NOT EXISTS {KS}.types (
-            id int, ck text,
-            a_ascii ascii, a_bigint bigint, a_blob blob, a_boolean boolean, a_date date, a_decimal decimal,
-            a_double double, a_duration duration, a_float float, a_inet inet, a_int int, a_smallint smallint,
-            a_text text, a_time time, a_timestamp timestamp, a_timeuuid timeuuid, a_tinyint tinyint, a_uuid uuid,
-            a_varchar varchar, a_varint varint, a_vector vector<float, 3>,
-            l list<int>, s set<text>, m map<text, int>,
-            fl frozen<list<text>>, fs frozen<set<int>>, fm frozen<map<int, text>>,
-            tup tuple<int, text, double>, udt frozen<addr>, udt_cells addr,
-            nested frozen<map<text, frozen<list<int>>>>, l_udt list<frozen<addr>>,
-            PRIMARY KEY (id, ck)) WITH cdc = true""",
+        *types_table_statements(KS, cdc=True),
         f"""CREATE TABLE IF NOT EXISTS {KS}.orders (
             customer text, day date, placed timestamp, id int, note text static, status text, total decimal,
             items map<text, int>, tags set<text>,
@@ -70,6 +59,23 @@ def schema_statements(rf: int) -> list:
         f"CREATE TABLE IF NOT EXISTS {KS}.bulk (k int PRIMARY KEY, data blob) WITH cdc = true",
         f"CREATE TABLE IF NOT EXISTS {KS}.{NOT_CDC_TABLE} (k int PRIMARY KEY, v text, n int)",
     ]
+
+
+def types_table_statements(keyspace: str, *, cdc: bool) -> list:
+    """The UDT ``addr`` and the table ``types``: a column of every CQL type (``types_row`` fills it)."""
+    return [
+        f"CREATE TYPE IF NOT EXISTS {keyspace}.addr (street text, city text, zip int)",
+        f"""CREATE TABLE IF NOT EXISTS {keyspace}.types (
+            id int, ck text,
+            a_ascii ascii, a_bigint bigint, a_blob blob, a_boolean boolean, a_date date, a_decimal decimal,
+            a_double double, a_duration duration, a_float float, a_inet inet, a_int int, a_smallint smallint,
+            a_text text, a_time time, a_timestamp timestamp, a_timeuuid timeuuid, a_tinyint tinyint, a_uuid uuid,
+            a_varchar varchar, a_varint varint, a_vector vector<float, 3>,
+            l list<int>, s set<text>, m map<text, int>,
+            fl frozen<list<text>>, fs frozen<set<int>>, fm frozen<map<int, text>>,
+            tup tuple<int, text, double>, udt frozen<addr>, udt_cells addr,
+            nested frozen<map<text, frozen<list<int>>>>, l_udt list<frozen<addr>>,
+            PRIMARY KEY (id, ck))""" + (" WITH cdc = true" if cdc else "")]
 
 
 class Udt:
@@ -122,10 +128,15 @@ def micros() -> int:
 
 # ------------------------------------------------------------------------------------------------ values
 
-TYPES_INSERT = (f"INSERT INTO {KS}.types (id, ck, a_ascii, a_bigint, a_blob, a_boolean, a_date, a_decimal, a_double, "
-                "a_duration, a_float, a_inet, a_int, a_smallint, a_text, a_time, a_timestamp, a_timeuuid, a_tinyint, "
-                "a_uuid, a_varchar, a_varint, a_vector, l, s, m, fl, fs, fm, tup, udt, udt_cells, nested, l_udt) "
-                "VALUES (" + ", ".join(["?"] * 34) + ")")
+def types_insert(keyspace: str) -> str:
+    """The INSERT of a ``types_row`` (a prepared statement's text)."""
+    return (f"INSERT INTO {keyspace}.types (id, ck, a_ascii, a_bigint, a_blob, a_boolean, a_date, a_decimal, "
+            "a_double, a_duration, a_float, a_inet, a_int, a_smallint, a_text, a_time, a_timestamp, a_timeuuid, "
+            "a_tinyint, a_uuid, a_varchar, a_varint, a_vector, l, s, m, fl, fs, fm, tup, udt, udt_cells, nested, "
+            "l_udt) VALUES (" + ", ".join(["?"] * 34) + ")")
+
+
+TYPES_INSERT = types_insert(KS)
 
 
 def types_row(i: int) -> tuple:
@@ -376,3 +387,43 @@ def phase_three(rec: Recorder) -> None:
     rec.run(f"INSERT INTO {KS}.series (k, c1, c2, v) VALUES (1, 4, 'b', 'back')", touches="series")
     rec.run(f"INSERT INTO {KS}.evolve (k, a, c) VALUES (7, 'a7', null)", touches="evolve")
     rec.run(f"UPDATE {KS}.{NOT_CDC_TABLE} SET n = 5 WHERE k = 3", touches=NOT_CDC_TABLE)
+
+
+# ------------------------------------------------------------------------------------------------ the commit log
+
+def wait_for(what: str, done, timeout: float = 120.0, every: float = 0.25):
+    """``done()``'s first true value, polled every ``every`` s; AssertionError naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = done()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(every)
+
+
+def _completed(cluster, i: int) -> set:
+    from cdc_lib.agent.cdc_raw import scan_cdc_raw
+    return {s.name for s in scan_cdc_raw(cluster.node(i).cdc_raw).segments if s.idx is not None and s.idx.completed}
+
+
+def switch_segments(session, cluster, nodes, scratch_keyspace: str = SCRATCH_KS, *, quiet: bool = True) -> None:
+    """A forced switch on every live node: dropping a table recycles every commit-log segment (the active one is
+    closed and, holding CDC data, gets a COMPLETED idx). Waits until each node completed one more segment and,
+    when ``quiet`` (nobody writes meanwhile), none is left with a live idx. ``scratch_keyspace`` must exist."""
+    from cdc_lib.agent.cdc_raw import scan_cdc_raw
+    before = {i: _completed(cluster, i) for i in nodes}
+    name = f"s{uuid.uuid4().hex[:8]}"
+    session.execute(f"CREATE TABLE IF NOT EXISTS {scratch_keyspace}.{name} (k int PRIMARY KEY)")
+    session.execute(f"DROP TABLE IF EXISTS {scratch_keyspace}.{name}")
+
+    def switched():
+        for i in nodes:
+            segments = scan_cdc_raw(cluster.node(i).cdc_raw).segments
+            if quiet and any(s.idx is not None and not s.idx.completed for s in segments):
+                return False
+            if not _completed(cluster, i) - before[i]:
+                return False
+        return True
+    wait_for("the segment switch", switched)

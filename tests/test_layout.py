@@ -24,6 +24,7 @@ STAGES = (
     "commitlog",                      # segment bytes -> typed mutations
     "celllog",                        # typed mutations -> the Arrow cell log
     "sstable",                        # SSTables -> the same cell log
+    "scan",                           # a live table through CQL -> the same cell log
     "state",                          # cell log -> row state -> change events
     "sinks",                          # Avro/JSON, Delta, Kafka
     "spark",                          # the transform step on Spark

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import json
-from collections import namedtuple
 
 import pytest
 
@@ -173,29 +172,6 @@ def test_snapshot_batch_is_one_read_event_per_visible_row(cfg, kafka_broker):
             want += len(visible_table(t, read_state(root, t.keyspace, t.name), NOW))
     assert len(rows) == want > 0
     assert P.claim(cfg).empty                        # the request was consumed
-
-
-def test_cluster_snapshot_reads_rows_through_the_driver_session():
-    table = sample_schema().by_name("shop", "sessions")
-    Row = namedtuple("Row", [c.name for c in table.columns.values()])
-    rows = [Row(**{c: None for c in Row._fields}) for _ in range(3)]
-    for i, r in enumerate(rows):
-        rows[i] = r._replace(user_id=i, device=f"d{i}")
-
-    class FakeSession:
-        def __init__(self):
-            self.statements = []
-
-        def execute(self, statement):
-            self.statements.append(statement)
-            return iter(rows)
-
-    s = FakeSession()
-    events = list(P.cluster_snapshot_events(s, table, cluster="c1", ts_ms=1000))
-    assert "shop" in str(getattr(s.statements[0], "query_string", s.statements[0]))
-    assert [e["key"] for e in events] == [{"user_id": i, "device": f"d{i}"} for i in range(3)]
-    assert all(e["op"] == "r" and e["source"]["snapshot"] and e["before"] is None for e in events)
-    assert len({e["id"] for e in events}) == 3
 
 
 def test_config_from_mapping_converts_and_rejects_unknown_keys():

@@ -28,13 +28,13 @@ import late_write
 import pytest
 from cassandra import ConsistencyLevel
 from event_invariant import check_events
-from real_workload import (CDC_TABLES, KS, NOT_CDC_TABLE, SCRATCH_KS, Recorder, create_schema, phase_one,
-                           phase_three, phase_two, short_ttls)
+from real_workload import (CDC_TABLES, KS, NOT_CDC_TABLE, Recorder, create_schema, phase_one, phase_three, phase_two,
+                           short_ttls, switch_segments)
 from servers import consume_topic, get_local_spark_session
 from sstable_check import differences, select_cell_times, state_cell_times
 
 from cdc_lib import pipeline as P
-from cdc_lib.agent.cdc_raw import holds_data, scan_cdc_raw
+from cdc_lib.agent.cdc_raw import holds_data
 from cdc_lib.agent.shipper import Agent
 from cdc_lib.commitlog.reader import LogSchema, decode_entry
 from cdc_lib.commitlog.model import Mutation
@@ -74,41 +74,6 @@ class Scenario:
     def archived(self, node: int) -> list:
         d = self.store / "archived" / CLUSTER / f"node{node}"
         return sorted(d.glob("CommitLog-*.log"), key=lambda p: int(p.stem.split("-")[2]))
-
-
-def _wait(what: str, done, timeout: float = 120.0, every: float = 0.25):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = done()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(every)
-
-
-def _completed(cluster: LocalCassandra, i: int) -> set:
-    return {s.name for s in scan_cdc_raw(cluster.node(i).cdc_raw).segments if s.idx is not None and s.idx.completed}
-
-
-def switch_segments(rec: Recorder, cluster: LocalCassandra, nodes) -> None:
-    """A forced switch on every live node: dropping a table recycles every commit-log segment (the active one is
-    closed and, holding CDC data, gets a COMPLETED idx). Waits until each node completed one more segment and
-    none is left with a live idx."""
-    before = {i: _completed(cluster, i) for i in nodes}
-    name = f"s{uuid.uuid4().hex[:8]}"
-    rec.session.execute(f"CREATE TABLE IF NOT EXISTS {SCRATCH_KS}.{name} (k int PRIMARY KEY)")
-    rec.session.execute(f"DROP TABLE IF EXISTS {SCRATCH_KS}.{name}")
-
-    def switched():
-        for i in nodes:
-            segments = scan_cdc_raw(cluster.node(i).cdc_raw).segments
-            if any(s.idx is not None and not s.idx.completed for s in segments):
-                return False
-            if not _completed(cluster, i) - before[i]:
-                return False
-        return True
-    _wait("the segment switch", switched)
 
 
 def _cdc_raw_files(cluster: LocalCassandra) -> dict:
@@ -152,7 +117,7 @@ def run_scenario(cluster: LocalCassandra, base: Path, kafka_broker: str, spark) 
     expired_by = short_ttls(rec, SHORT_TTL)
     rec.capture()
     now1 = int(time.time())
-    switch_segments(rec, cluster, nodes)
+    switch_segments(rec.session, cluster, nodes)
     ship(agents)
     t["phase_one_s"] = round(time.monotonic() - t1, 1)
     t1 = time.monotonic()
@@ -163,7 +128,7 @@ def run_scenario(cluster: LocalCassandra, base: Path, kafka_broker: str, spark) 
     phase_two(rec)
     rec.capture()
     now2 = int(time.time())
-    switch_segments(rec, cluster, nodes)
+    switch_segments(rec.session, cluster, nodes)
     ship(agents)
     t["phase_two_s"] = round(time.monotonic() - t1, 1)
     t1 = time.monotonic()

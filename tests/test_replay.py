@@ -18,7 +18,8 @@ from cdc_lib.agent.shipper import Agent
 from cdc_lib.demo.workload import SAMPLE_SCHEMA_CQL, START_US, Workload, sample_schema, write_cluster_segments
 from cdc_lib.errors import ConfigError
 from cdc_lib.pipeline.backfill import request_backfill
-from cdc_lib.pipeline.replay import REPLAY_REQUEST_KEY, request_replay
+from cdc_lib.pipeline.replay import request_replay
+from cdc_lib.pipeline.requests import REQUEST_KEY
 from cdc_lib.settings import AgentConfig
 from cdc_lib.sinks.delta import read_outbox, read_state, state_table_uri
 from cdc_lib.sinks.kafka import table_topic
@@ -68,10 +69,10 @@ def test_rebuild_selects_archived_segments_and_says_what_it_skips(cfg):
 
     answer = request_replay(cfg, purpose="rebuild")
     assert answer["batches"] == 3 and answer["items"] == 2
-    request = store.get_json(REPLAY_REQUEST_KEY)
+    request = store.get_json(REQUEST_KEY)
     assert [p["key"] for p in request["pending"]] == [Layout.archived("c1", "n1", "CommitLog-7-1.log"),
                                                       Layout.archived("c1", "n2", "CommitLog-7-5.log")]
-    assert answer["skipped_quarantined_segments"] == 1 and answer["skipped_snapshot_or_sweep_batches"] == 1
+    assert answer["skipped_quarantined_segments"] == 1 and answer["skipped_batches_without_segments"] == 1
     assert answer["missing_segments"] == [Layout.archived("c1", "n1", "CommitLog-7-2.log")]
 
 
@@ -80,7 +81,7 @@ def test_rebuild_request_with_nothing_to_replay_is_an_error_that_counts_why(cfg)
     _archived_batch(store, 1, [("n1", "CommitLog-7-1.log")], 100, quarantined=(("n1", "CommitLog-7-1.log"),))
     with pytest.raises(ConfigError, match="nothing to replay.*1 batch\\(es\\) matched.*1 quarantined"):
         request_replay(cfg, purpose="rebuild")
-    assert not store.exists(REPLAY_REQUEST_KEY)
+    assert not store.exists(REQUEST_KEY)
 
 
 def test_replay_arguments_are_checked(cfg):
@@ -119,32 +120,32 @@ def test_replay_batches_come_before_new_segments_and_never_twice_after_a_crash(c
             raise Crash(point)
 
     # The claim dies after the manifest and the pointer, before it took its share off the request.
-    real = P.steps.consume_replay_share
-    P.steps.consume_replay_share = lambda store, batch: None
+    real = P.steps.consume_share
+    P.steps.consume_share = lambda store, batch: None
     try:
         with pytest.raises(Crash):
             P.claim(cfg, fault=die_after_pointer)
     finally:
-        P.steps.consume_replay_share = real
+        P.steps.consume_share = real
     first = P.read_batch(store, P.batch_id_for(2))
-    assert first.replay["purpose"] == "rebuild" and [s["name"] for s in first.segments] == \
+    assert first.backfill["purpose"] == "rebuild" and [s["name"] for s in first.segments] == \
         ["CommitLog-7-1.log", "CommitLog-7-2.log"]
     assert all(s["key"].startswith("archived/") for s in first.segments)
-    assert len(store.get_json(REPLAY_REQUEST_KEY)["pending"]) == 5           # not taken off: the crash
+    assert len(store.get_json(REQUEST_KEY)["pending"]) == 5           # not taken off: the crash
 
     first.state = "archived"                                                 # (as the rerun would finish it)
     P.save_batch(store, first)
     names = []
     for seq in (3, 4):
         b = P.claim(cfg)
-        assert b.batch_seq == seq and b.replay
+        assert b.batch_seq == seq and b.backfill
         names += [s["name"] for s in b.segments]
         b.state = "archived"
         P.save_batch(store, b)
     assert names == ["CommitLog-7-3.log", "CommitLog-7-4.log", "CommitLog-7-5.log"]   # 1 and 2 not again
-    assert not store.exists(REPLAY_REQUEST_KEY)
+    assert not store.exists(REQUEST_KEY)
     stream = P.claim(cfg)                                                    # then the stream goes on
-    assert not stream.replay and [s["name"] for s in stream.segments] == ["CommitLog-7-9.log"]
+    assert not stream.backfill and [s["name"] for s in stream.segments] == ["CommitLog-7-9.log"]
 
 
 # ---------------------------------------------------------------------------------- real runs, real Kafka
@@ -191,7 +192,7 @@ def test_rebuild_brings_a_deleted_state_table_back_and_emits_only_the_repair(pro
     answer = request_backfill(cfg, mode="replay", purpose="rebuild")
     assert answer["items"] == sum(len(b.segments) for b in batches)
     replayed = P.run_until_idle(cfg, spark=spark_session)
-    assert replayed and all(b.replay["purpose"] == "rebuild" for b in replayed)
+    assert replayed and all(b.backfill["purpose"] == "rebuild" for b in replayed)
     assert _state(cfg, table) == before                                      # the same rows, cells and times
     store = P.open_store(cfg)
     for b in replayed:                                                       # the segments stayed archived
@@ -218,7 +219,7 @@ def test_reemit_publishes_the_chosen_batches_events_again_unchanged(processed):
                               batches_to=source.batch_seq, tables=",".join(sorted(wanted)))
     assert answer["items"] == 1
     (b,) = P.run_until_idle(cfg)
-    assert b.replay["purpose"] == "reemit" and not b.segments
+    assert b.backfill["purpose"] == "reemit" and not b.segments
     copied = _outbox(cfg, b.batch_id)
     kept = [r for r in original if f"{r['keyspace']}.{r['table']}" in wanted]
     assert kept and len(kept) < len(original)

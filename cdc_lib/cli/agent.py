@@ -20,9 +20,8 @@ from . import exits
 log = logging.getLogger("cassandra_cdc.agent")
 
 
-def build_parser(prog: str = "cassandra-cdc agent") -> argparse.ArgumentParser:
-    p = exits.ArgumentParser(prog=prog, description="Ship completed Cassandra CDC segments from cdc_raw "
-                                                    "to object storage.")
+def _common_flags(p: argparse.ArgumentParser) -> None:
+    """The settings every agent command needs: where the node is, where the store is."""
     p.add_argument("--config", help="YAML settings file (default: $CASSANDRA_CDC_CONFIG); keys as below, "
                                     "top level or under 'agent:'")
     p.add_argument("--cdc-raw", dest="cdc_raw", help="Cassandra's cdc_raw directory")
@@ -33,6 +32,13 @@ def build_parser(prog: str = "cassandra-cdc agent") -> argparse.ArgumentParser:
                         "AWS_SECRET_ACCESS_KEY, CASSANDRA_CDC_STORAGE_OPTIONS or the settings file")
     p.add_argument("--cluster", help="cluster name (first part of every key)")
     p.add_argument("--node", help="node name (default: this host's name)")
+    p.add_argument("--log-level", dest="log_level", help="DEBUG, INFO, WARNING, ERROR (INFO)")
+
+
+def build_parser(prog: str = "cassandra-cdc agent") -> argparse.ArgumentParser:
+    p = exits.ArgumentParser(prog=prog, description="Ship completed Cassandra CDC segments from cdc_raw "
+                                                    "to object storage (and: agent snapshot --help).")
+    _common_flags(p)
     p.add_argument("--datacenter", help="this node's datacenter, as in cassandra-rackdc.properties (lets the "
                                         "pipeline process one datacenter's replicas only: local_datacenter)")
     p.add_argument("--poll-interval", dest="poll_interval", type=float, help="seconds between scans (1)")
@@ -52,14 +58,31 @@ def build_parser(prog: str = "cassandra-cdc agent") -> argparse.ArgumentParser:
                    help="serve Prometheus /metrics and /health on this port (default: no endpoint)")
     p.add_argument("--metrics-host", dest="metrics_host",
                    help="address the endpoint binds (127.0.0.1; it is unauthenticated)")
-    p.add_argument("--log-level", dest="log_level", help="DEBUG, INFO, WARNING, ERROR (INFO)")
     p.add_argument("--once", action="store_true",
                    help="one pass, print what it did, then exit (3 if a segment could not be shipped)")
     return p
 
 
+SNAPSHOT_FLAGS = ("tables", "tag", "nodetool", "data_dir", "keep")
+
+
+def build_snapshot_parser(prog: str = "cassandra-cdc agent snapshot") -> argparse.ArgumentParser:
+    p = exits.ArgumentParser(prog=prog, description="Take a nodetool snapshot of tables on this node and ship its "
+                                                    "files to the store, for a backfill of mode sstables.")
+    _common_flags(p)
+    p.add_argument("--tables", required=True, help="keyspace.table, comma-separated")
+    p.add_argument("--tag", required=True, help="the snapshot's name (the backfill's tag param)")
+    p.add_argument("--nodetool", default="nodetool",
+                   help="the nodetool command, with its options (default: nodetool)")
+    p.add_argument("--data-dir", dest="data_dir", action="append",
+                   help="a Cassandra data_file_directories entry, repeatable (default: /var/lib/cassandra/data)")
+    p.add_argument("--keep", action="store_true", help="leave the snapshot on the node (default: clearsnapshot)")
+    return p
+
+
 def load_agent_config(args: argparse.Namespace, env: dict[str, str] | None = None) -> AgentConfig:
-    flags = {k: v for k, v in vars(args).items() if k not in ("config", "once", "storage_option")}
+    flags = {k: v for k, v in vars(args).items()
+             if k not in ("config", "once", "storage_option") + SNAPSHOT_FLAGS}
     if args.storage_option:
         options = config_mod.parse_key_values(args.storage_option)
         exposed = sorted(k for k in options if k.lower() in config_mod.SECRET_STORAGE_OPTIONS)
@@ -72,8 +95,32 @@ def load_agent_config(args: argparse.Namespace, env: dict[str, str] | None = Non
     return config_mod.load(AgentConfig, flags=flags, env=env, config_file=args.config, section="agent")
 
 
+def snapshot_main(argv: list[str]) -> int:
+    """``cassandra-cdc agent snapshot ...`` (``agent.snapshot``): prints the manifest's summary."""
+    from cdc_lib.agent.snapshot import NodetoolError, nodetool_command, ship_snapshot
+    args = build_snapshot_parser().parse_args(argv)
+    try:
+        cfg = load_agent_config(args)
+        logging.basicConfig(level=getattr(logging, str(cfg.log_level).upper(), logging.INFO),
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        manifest = ship_snapshot(cfg, args.tables.split(","), args.tag, nodetool=nodetool_command(args.nodetool),
+                                 data_dirs=args.data_dir or ["/var/lib/cassandra/data"], keep=args.keep)
+    except ConfigError as e:
+        print(f"cassandra-cdc agent snapshot: {e}", file=sys.stderr)
+        return exits.USAGE
+    except NodetoolError as e:
+        print(f"cassandra-cdc agent snapshot: {e}", file=sys.stderr)
+        return exits.FAILED
+    files = [f for t in manifest["tables"].values() for f in t["files"]]
+    print(f"cassandra-cdc agent snapshot: {manifest['tag']} of {', '.join(manifest['tables'])} on "
+          f"{manifest['node']}: {len(files)} files, {sum(f['size'] for f in files) / 1e6:.1f} MB in the store")
+    return exits.OK
+
+
 def agent_main(argv: list[str] | None = None) -> int:
     """``cassandra-cdc agent ...``: returns the exit status (``exits``; 0 after a clean SIGTERM/SIGINT stop)."""
+    if argv and argv[0] == "snapshot":
+        return snapshot_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         cfg = load_agent_config(args)

@@ -45,9 +45,11 @@ def _statement(cql: str, consistency):
     return SimpleStatement(cql, fetch_size=1000, consistency_level=level)
 
 
-def select_rows(session, table, consistency="ALL") -> list:
-    """``SELECT * FROM table`` as dicts of typed values (every current column)."""
-    rs = session.execute(_statement(f'SELECT * FROM "{table.keyspace}"."{table.name}"', consistency))
+def select_rows(session, table, consistency="ALL", where: str = "", params=None) -> list:
+    """``SELECT * FROM table`` as dicts of typed values (every current column); ``where`` (``"k = %s"``, with
+    ``params``) reads some rows only."""
+    cql = f'SELECT * FROM "{table.keyspace}"."{table.name}"' + (f" WHERE {where}" if where else "")
+    rs = session.execute(_statement(cql, consistency), params)
     names, types = rs.column_names, rs.column_types
     return [{n: typed_from_driver(table.columns[n].type, t, v) for n, t, v in zip(names, types, row)} for row in rs]
 
@@ -58,12 +60,13 @@ def key_json(table, key: dict) -> str:
     return json.dumps(to_json_key(table, key), separators=(",", ":"), ensure_ascii=False)
 
 
-def select_json(session, table, consistency="ALL") -> dict:
-    """{key JSON: row JSON} of ``SELECT *``, in the events' JSON forms (``sinks.avro.to_json_row``)."""
+def select_json(session, table, consistency="ALL", where: str = "", params=None) -> dict:
+    """{key JSON: row JSON} of ``SELECT *`` (``where``: as for ``select_rows``), in the events' JSON forms
+    (``sinks.avro.to_json_row``)."""
     from cdc_lib.sinks.avro import to_json_row
     keys = table.partition_key + table.clustering
     return {key_json(table, {c.name: row[c.name] for c in keys}): to_json_row(table, row)
-            for row in select_rows(session, table, consistency)}
+            for row in select_rows(session, table, consistency, where, params)}
 
 
 def delta_live_rows(root: str, table, storage_options: Optional[dict] = None) -> list:

@@ -1,6 +1,11 @@
 """Backfill: what the manual DAG ``cassandra_cdc_backfill`` asks for, by its ``mode`` param.
 
 * ``snapshot`` (the default): a snapshot batch of ``op = 'r'`` events placed in the batch sequence (below);
+* ``cql``: load what live tables hold (rows written before CDC was enabled) through a parallel CQL scan, as
+  ``r`` events and state (``bootstrap``; params ``tables``, ``consistency``, ``splits``, ``page_size``,
+  ``splits_per_batch``, ``parallelism``);
+* ``sstables``: the same from the SSTable snapshot the nodes' agents shipped (``agent snapshot``; params ``tag``,
+  ``tables``, ``nodes``, ``sstables_per_batch``);
 * ``replay``: archived batches again, to rebuild state or re-emit events (``replay``; params ``purpose``,
   ``batches_from``, ``batches_to``, ``since``, ``until``, ``nodes``, ``tables``).
 
@@ -8,8 +13,8 @@
 for every visible row of the state tables as batch ``k-1`` committed them. Batches are one serialized sequence
 and each is published whole before the next is claimed, so in every topic the snapshot's events sit after every
 event of batches ``< k`` and before every event of batches ``> k``: the low and the high watermark are the same
-batch boundary (SeaTunnel's snapshot/incremental split). ``cluster_snapshot_events`` reads a live table with the
-driver instead (paged SELECT) for a first load.
+batch boundary (SeaTunnel's snapshot/incremental split). The other modes are requests (``requests``) whose shares
+the next claims take, also before any new segment.
 """
 from __future__ import annotations
 
@@ -61,37 +66,57 @@ def request_snapshot(config: PipelineConfig) -> dict:
 
 # The backfill DAG's own params, beside the pipeline settings: name -> (JSON type, what it does).
 BACKFILL_ARGS = {
-    "mode": ("string", "snapshot (default): 'r' events of every visible row of the state; replay: archived "
-                       "batches again (see purpose)"),
+    "mode": ("string", "snapshot (default): 'r' events of every visible row of the state; cql: load the rows "
+                       "live tables hold through a CQL scan; sstables: load them from the SSTable snapshot the "
+                       "agents shipped (see tag); replay: archived batches again (see purpose)"),
+    "tables": ("array", "cql, sstables: the keyspace.table to load (empty: every captured table); replay reemit: "
+                        "only these keyspace.table events (empty: all)"),
+    "consistency": ("string", "cql: the scan's read consistency level (empty: QUORUM)"),
+    "splits": ("integer", "cql: token ranges per table (empty: 16; at least one per node range)"),
+    "page_size": ("integer", "cql: rows per page (empty: 1000)"),
+    "splits_per_batch": ("integer", "cql: token ranges per pipeline batch (empty: one table's splits)"),
+    "parallelism": ("integer", "cql: token ranges scanned at once in the transform's process (empty: 4)"),
     "purpose": ("string", "replay: rebuild (default; archived segments through the transform again) or reemit "
                           "(the batches' events published again, unchanged)"),
     "batches_from": ("integer", "replay: first batch sequence number (empty: the first)"),
     "batches_to": ("integer", "replay: last batch sequence number (empty: the last archived)"),
     "since": ("integer", "replay: batches processed at or after this time (epoch seconds)"),
     "until": ("integer", "replay: batches processed at or before this time (epoch seconds)"),
-    "nodes": ("array", "replay rebuild: only these nodes' segments (empty: all)"),
-    "tables": ("array", "replay reemit: only these keyspace.table events (empty: all)"),
+    "nodes": ("array", "replay rebuild: only these nodes' segments; sstables: only these nodes' snapshots "
+                       "(empty: all)"),
+    "tag": ("string", "sstables: the snapshot the agents shipped (cassandra-cdc agent snapshot --tag)"),
+    "sstables_per_batch": ("integer", "sstables: SSTables per pipeline batch (empty: max_segments; max_bytes of "
+                                      "Data.db)"),
 }
-MODES = ("snapshot", "replay")
+MODES = {"snapshot": (), "cql": ("tables", "consistency", "splits", "page_size", "splits_per_batch", "parallelism"),
+         "sstables": ("tag", "tables", "nodes", "sstables_per_batch"),
+         "replay": ("purpose", "batches_from", "batches_to", "since", "until", "nodes", "tables")}
 
 
 def request_backfill(config: PipelineConfig, mode: Optional[str] = None, **args) -> dict:
-    """What the backfill DAG's run asks for: a snapshot or a replay (``BACKFILL_ARGS``); unknown or
+    """What the backfill DAG's run asks for: a snapshot, a CQL scan or a replay (``BACKFILL_ARGS``); unknown or
     misplaced arguments are errors that name them."""
+    from .bootstrap import request_cql, request_sstables
     from .replay import request_replay
     mode = mode or "snapshot"
     unknown = sorted(set(args) - set(BACKFILL_ARGS))
     if unknown:
         raise ConfigError(f"backfill: unknown argument {unknown[0]!r}")
+    if mode not in MODES:
+        raise ConfigError(f"backfill: mode {mode!r}: use one of {', '.join(MODES)}")
     given = {k: v for k, v in args.items() if v is not None and v != "" and v != []}
+    misplaced = sorted(set(given) - set(MODES[mode]))
+    if misplaced:
+        owners = {name: [m for m, names in MODES.items() if name in names] for name in misplaced}
+        raise ConfigError(f"backfill mode {mode} takes no {', '.join(misplaced)}: "
+                          + "; ".join(f"{n} belongs to mode {' and '.join(owners[n])}" for n in misplaced))
     if mode == "snapshot":
-        if given:
-            raise ConfigError(f"backfill mode snapshot takes no {', '.join(sorted(given))}: they belong to "
-                              "mode replay")
         return request_snapshot(config)
-    if mode == "replay":
-        return request_replay(config, **given)
-    raise ConfigError(f"backfill: mode {mode!r}: use one of {', '.join(MODES)}")
+    if mode == "cql":
+        return request_cql(config, **given)
+    if mode == "sstables":
+        return request_sstables(config, **given)
+    return request_replay(config, **given)
 
 
 def backfill_params() -> dict:
@@ -114,33 +139,3 @@ def backfill_from_airflow_context() -> dict:
     params = get_current_context()["params"]
     config = config_from_airflow_context(show=True, ignore=tuple(BACKFILL_ARGS))
     return request_backfill(config, **{k: params.get(k) for k in BACKFILL_ARGS})
-
-
-def cluster_snapshot_events(session, table, *, cluster: str = "", fetch_size: int = 1000,
-                            ts_ms: Optional[int] = None):
-    """'r' events for every row of ``table`` read from a live cluster with the driver (paged SELECT).
-
-    ``session`` is a cassandra-driver Session (anything whose ``execute(statement)`` returns an iterable of
-    rows with ``_asdict()``; the driver pages through ``fetch_size`` rows at a time). Values are the driver's
-    Python types. For a cluster that has no Delta state yet (first start), see the merge rule in the report /
-    ``cdc_lib.pipeline`` docstring: start the stream first, then snapshot.
-    """
-    import hashlib
-    statement = f'SELECT * FROM "{table.keyspace}"."{table.name}"'
-    try:
-        from cassandra.query import SimpleStatement
-        statement = SimpleStatement(statement, fetch_size=fetch_size)
-    except ImportError:  # pragma: no cover - the driver is an optional dependency
-        pass
-    key_cols = [c.name for c in table.partition_key + table.clustering]
-    now_ms = int(time.time() * 1000) if ts_ms is None else ts_ms
-    for row in session.execute(statement):
-        values = row._asdict() if hasattr(row, "_asdict") else dict(row)
-        key = {c: values.get(c) for c in key_cols}
-        ident = hashlib.sha256(repr((table.keyspace, table.name, sorted(key.items(), key=lambda kv: kv[0]),
-                                     "r", now_ms)).encode()).hexdigest()[:32]
-        yield {"id": ident, "op": "r", "key": key, "before": None, "after": values, "changed": [],
-               "source": {"connector": "cassandra-cdc", "cluster": cluster, "node": "", "keyspace": table.keyspace,
-                          "table": table.name, "segment": None, "position": None, "ts_us": now_ms * 1000,
-                          "expired": False, "snapshot": True},
-               "ts_ms": now_ms}

@@ -37,7 +37,7 @@ Fault = Callable[[str], None]
 # Counters that describe the store at one moment (a backlog, a count of foreign segments): the last value is
 # kept, never summed into the totals.
 GAUGES = frozenset({"batch_seq", "pending", "incomplete_uploads", "foreign_segments", "backlog",
-                    "other_datacenter_segments"})
+                    "other_datacenter_segments", "loaded"})
 
 
 class PipelineError(CdcError):
@@ -56,7 +56,8 @@ class Batch:
     prev_now: Optional[int] = None
     sweep: bool = False
     snapshot: bool = False                        # a backfill: 'r' events for every live row (no segments)
-    replay: dict = field(default_factory=dict)    # a replay batch: request_id, purpose, covers (see replay.py)
+    backfill: dict = field(default_factory=dict)  # a share of a backfill request: request_id, mode, covers...
+                                                  # (requests.py; replay.py and bootstrap.py say the rest)
     resumed: bool = False
     claimed_by: str = ""
     steps: dict = field(default_factory=dict)     # step -> its counters (as the step returned them)
@@ -73,7 +74,7 @@ class Batch:
         counters, without the segment list and quarantine records (the next task reads the manifest)."""
         return {"batch_id": self.batch_id, "batch_seq": self.batch_seq, "state": self.state,
                 "segments": len(self.segments), "sweep": self.sweep, "snapshot": self.snapshot,
-                "replay": self.replay.get("purpose"), "resumed": self.resumed,
+                "backfill": self.backfill.get("mode"), "resumed": self.resumed,
                 "steps": {step: counters for step, counters in self.steps.items() if step != "quarantined"}}
 
     @classmethod

@@ -23,16 +23,16 @@ missed as well), segments that went to quarantine for damaged bytes are not repl
 processed when they arrived; the damaged ones are kept in quarantine with their reason), and an archived segment
 that is no longer in the store (archive retention) is listed as missing.
 
-Exactly once: a replay request is consumed batch by batch; the claim writes the manifest (which names the items
-it covers) before it takes them off the request, so a crash in between replays nothing twice. Replay batches come
-before new segments: a rebuild must not let a new segment's cells land on a lost table first (the event would
-carry half a row).
+Exactly once: a replay request is one backfill request (``requests``), consumed batch by batch; the claim writes
+the manifest (which names the items it covers) before it takes them off the request, so a crash in between
+replays nothing twice. Replay batches come before new segments: a rebuild must not let a new segment's cells land
+on a lost table first (the event would carry half a row). A backfill batch of mode ``cql`` or ``sstables`` has no
+segments either: a rebuild skips it (counted with the snapshot and sweep batches); load the table again to restore
+what it loaded.
 """
 from __future__ import annotations
 
 import logging
-import time
-import uuid
 from typing import Optional
 
 from cdc_lib.errors import ConfigError
@@ -41,11 +41,11 @@ from cdc_lib.storage.layout import Layout
 from cdc_lib.storage.objects import ObjectStore
 
 from .batches import Batch, PipelineError, read_batch
+from .requests import new_request_id, put_request
 from .resources import open_store
 
 log = logging.getLogger("cassandra_cdc.pipeline")
 
-REPLAY_REQUEST_KEY = Layout.checkpoint("replay-request")
 PURPOSES = ("rebuild", "reemit")
 
 
@@ -98,14 +98,10 @@ def request_replay(config: PipelineConfig, *, purpose: str = "rebuild", batches_
         raise ConfigError("replay: nodes selects segments to rebuild from (purpose rebuild); a re-emit copies "
                           "whole batches' events (use tables to narrow it)")
     store = open_store(config)
-    if store.exists(REPLAY_REQUEST_KEY):
-        pending = store.get_json(REPLAY_REQUEST_KEY)
-        raise ConfigError(f"replay: request {pending['request_id']} ({pending['purpose']}) is still pending with "
-                          f"{len(pending['pending'])} item(s); wait until the cassandra_cdc runs have done it")
     chosen = [b for b in _archived_batches(store)
               if (lo is None or b.batch_seq >= lo) and (hi is None or b.batch_seq <= hi)
               and (t_lo is None or b.now >= t_lo) and (t_hi is None or b.now <= t_hi)]
-    answer = {"purpose": purpose, "batches": len(chosen), "skipped_snapshot_or_sweep_batches": 0,
+    answer = {"purpose": purpose, "batches": len(chosen), "skipped_batches_without_segments": 0,
               "skipped_quarantined_segments": 0, "missing_segments": [], "items": 0}
     items = []
     for b in chosen:
@@ -114,7 +110,7 @@ def request_replay(config: PipelineConfig, *, purpose: str = "rebuild", batches_
                           "events": int((b.steps.get("publish") or {}).get("events", 0))})
             continue
         if not b.segments:
-            answer["skipped_snapshot_or_sweep_batches"] += 1
+            answer["skipped_batches_without_segments"] += 1
             continue
         damaged = _damaged_segments(b)
         for s in b.segments:
@@ -135,64 +131,19 @@ def request_replay(config: PipelineConfig, *, purpose: str = "rebuild", batches_
                 + (f", nodes {','.join(nodes)}" if nodes else ""))
         raise ConfigError(f"replay ({purpose}): nothing to replay among the archived batches ({what}): "
                           f"{answer['batches']} batch(es) matched, "
-                          f"{answer['skipped_snapshot_or_sweep_batches']} without segments, "
+                          f"{answer['skipped_batches_without_segments']} without segments, "
                           f"{answer['skipped_quarantined_segments']} quarantined and "
                           f"{len(answer['missing_segments'])} missing segment(s)")
-    request_id = f"replay-{int(time.time())}-{uuid.uuid4().hex[:6]}"
-    store.put_json(REPLAY_REQUEST_KEY, {"request_id": request_id, "purpose": purpose, "tables": tables,
-                                        "requested_at": int(time.time()), "pending": items})
+    request_id = new_request_id("replay")
+    # a re-emit share is one source batch (its events stay one batch); a rebuild share is segments within
+    # max_segments / max_bytes
+    put_request(store, request_id, "replay", items, batch={"purpose": purpose, "tables": tables},
+                per_batch=1 if purpose == "reemit" else None, segments=purpose == "rebuild")
     answer.update(request_id=request_id, items=len(items))
     for key in answer["missing_segments"]:
         log.warning("replay: %s is no longer in the store (archive retention?): not replayed", key)
     log.info("replay requested: %s", answer)
     return answer
-
-
-def claim_replay(store: ObjectStore, config: PipelineConfig, last: Optional[Batch]) -> Optional[tuple]:
-    """The next share of a pending replay request: (segments, replay info) for a new batch, or None.
-
-    A rebuild share is segments within ``max_segments`` / ``max_bytes``; a re-emit share is one source batch (its
-    events stay one batch). Items the previous (finished) batch covers are taken off the request first: the claim
-    that took them may have died before it could.
-    """
-    if last is not None and last.replay:
-        consume_replay_share(store, last)          # a no-op unless its claim died before it could do this
-    if not store.exists(REPLAY_REQUEST_KEY):
-        return None
-    request = store.get_json(REPLAY_REQUEST_KEY)
-    pending = request["pending"]
-    if request["purpose"] == "reemit":
-        share = pending[:1]
-        segments = []
-    else:
-        share, size = [], 0
-        for p in pending:
-            if share and (len(share) >= config.max_segments or size + p["size"] > config.max_bytes):
-                break
-            share.append(p)
-            size += p["size"]
-        segments = [{k: p[k] for k in ("key", "node", "name", "size", "checksum")} for p in share]
-    info = {"request_id": request["request_id"], "purpose": request["purpose"], "tables": request.get("tables"),
-            "covers": [p["id"] for p in share], "remaining": len(pending) - len(share)}
-    return segments, info
-
-
-def consume_replay_share(store: ObjectStore, batch: Batch) -> None:
-    """Take the items ``batch`` covers off the pending request (after its manifest and the pointer are written)."""
-    if not store.exists(REPLAY_REQUEST_KEY):
-        return
-    request = store.get_json(REPLAY_REQUEST_KEY)
-    if request["request_id"] != batch.replay.get("request_id"):
-        return
-    done = set(batch.replay["covers"])
-    left = [p for p in request["pending"] if p["id"] not in done]
-    if len(left) == len(request["pending"]):
-        return
-    request["pending"] = left
-    if request["pending"]:
-        store.put_json(REPLAY_REQUEST_KEY, request)
-    else:
-        store.delete(REPLAY_REQUEST_KEY)
 
 
 def reemit_outbox(config: PipelineConfig, root: str, batch: Batch, hook) -> int:
@@ -204,10 +155,10 @@ def reemit_outbox(config: PipelineConfig, root: str, batch: Batch, hook) -> int:
     st = DeltaRsStateStore(root, config.delta_options(), app_id=config.app_id, fail_hook=hook)
     if st.outbox_committed(batch.batch_seq):
         return 0   # written by an earlier attempt (publish counts the events)
-    tables = set(batch.replay.get("tables") or ())
+    tables = set(batch.backfill.get("tables") or ())
     store = open_store(config)
     rows: list = []
-    for source in batch.replay["covers"]:
+    for source in batch.backfill["covers"]:
         source_rows = list(read_outbox(root, source, config.delta_options()))
         published = int((read_batch(store, source).steps.get("publish") or {}).get("events", 0))
         if not source_rows and published:
@@ -224,7 +175,7 @@ def reemit_outbox(config: PipelineConfig, root: str, batch: Batch, hook) -> int:
 
 def describe(batch: Batch) -> str:
     """What a replay batch does, for the transform's first log line."""
-    r = batch.replay
+    r = batch.backfill
     if r["purpose"] == "reemit":
         only = f" (tables {', '.join(r['tables'])})" if r.get("tables") else ""
         return f"replay {r['request_id']}: re-emit the events of {', '.join(r['covers'])}{only}"

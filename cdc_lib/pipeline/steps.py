@@ -49,15 +49,20 @@ from cdc_lib.storage.objects import ObjectStore
 from cdc_lib.storage.quarantine import quarantined_records
 
 from .backfill import snapshot_outbox
+from .bootstrap import describe as describe_load
+from .bootstrap import (load_progress, read_horizons, record_horizons, scan_settings, scan_sources,
+                        sstable_sources)
 from .batches import (POINTER_KEY, SNAPSHOT_REQUEST_KEY, STATES, SWEEP_REQUEST_KEY, Batch, Fault, PipelineError,
                       batch_id_for, manifest_key, no_fault, processing_time, read_batch, read_pointer, record_metrics,
                       reload_batch, save_batch, segment_sources)
 from .health import arrival_warnings, check_run_settings, open_existing_store
-from .replay import claim_replay, consume_replay_share, reemit_outbox
 from .replay import describe as describe_replay
+from .replay import reemit_outbox
+from .requests import claim_share, consume_share
 from .resources import MiB, delta_root, encryption_keys, load_schema, open_store
 
 log = logging.getLogger("cassandra_cdc.pipeline")
+LOADS = ("cql", "sstables")      # backfill modes whose batches load live data (bootstrap)
 
 
 # ------------------------------------------------------------------------------------------------ 1. claim
@@ -170,12 +175,12 @@ def claim(config: PipelineConfig, run_id: str = "", *, fault: Fault = no_fault,
     if config.local_datacenter:
         health["other_datacenter_segments"] = other_dc
     chosen, size = [], 0
-    replay_share = claim_replay(store, config, last)      # a requested replay goes before new segments
-    if replay_share is not None:
-        chosen, replay = replay_share                         # (no shipped_at: a replay is not lag)
+    share = claim_share(store, config, last)      # a requested backfill goes before new segments
+    if share is not None:
+        chosen, backfill = share                  # (no shipped_at: a backfill is not lag)
         size = sum(s["size"] for s in chosen)
     else:
-        replay = {}
+        backfill = {}
         for seg in candidates:
             if chosen and (len(chosen) >= config.max_segments or size + seg["size"] > config.max_bytes):
                 break
@@ -187,13 +192,13 @@ def claim(config: PipelineConfig, run_id: str = "", *, fault: Fault = no_fault,
     if prev_now is not None:
         now = max(now, prev_now)     # processing time never goes back (TTL sweep windows)
     sweep = snapshot = False
-    if not chosen and not replay:
+    if not chosen and not backfill:
         if store.exists(SNAPSHOT_REQUEST_KEY):
             snapshot = True     # a batch of its own between two stream batches: see snapshot_outbox
         elif last is not None:
             requested = store.exists(SWEEP_REQUEST_KEY)
             sweep = now > prev_now and (requested or now - prev_now >= config.sweep_interval_s)
-    if not chosen and not sweep and not snapshot and not replay:
+    if not chosen and not sweep and not snapshot and not backfill:
         counters = {"batch_seq": seq, "segments": 0, "bytes": 0, "pending": 0, "incomplete_uploads": incomplete,
                     **health,
                     "duration_s": round(time.monotonic() - t0, 3)}
@@ -202,10 +207,10 @@ def claim(config: PipelineConfig, run_id: str = "", *, fault: Fault = no_fault,
     if snapshot:
         now = prev_now if prev_now is not None else now   # the state as the last batch left it
     batch = Batch(batch_id_for(seq + 1), seq + 1, "claimed", chosen, now, prev_now, sweep=sweep, snapshot=snapshot,
-                  replay=replay, claimed_by=run_id)
+                  backfill=backfill, claimed_by=run_id)
     counters = {"batch_seq": batch.batch_seq, "segments": len(chosen), "bytes": size,
-                "pending": len(candidates) - (0 if replay else len(chosen)), "incomplete_uploads": incomplete,
-                "sweep": int(sweep), "snapshot": int(snapshot), "replay": int(bool(replay)), **health,
+                "pending": len(candidates) - (0 if backfill else len(chosen)), "incomplete_uploads": incomplete,
+                "sweep": int(sweep), "snapshot": int(snapshot), "backfill": int(bool(backfill)), **health,
                 "duration_s": round(time.monotonic() - t0, 3)}
     batch.steps["claim"] = counters
     save_batch(store, batch)
@@ -215,8 +220,8 @@ def claim(config: PipelineConfig, run_id: str = "", *, fault: Fault = no_fault,
         store.delete(SWEEP_REQUEST_KEY)
     if snapshot:
         store.delete(SNAPSHOT_REQUEST_KEY)
-    if replay:
-        consume_replay_share(store, batch)
+    if backfill:
+        consume_share(store, batch)
     fault("claim:pointer_written")
     record_metrics(store, "claim", counters)
     return batch
@@ -238,11 +243,13 @@ def _backlog(candidates: list) -> dict:
 
 def transform_mode(config: PipelineConfig, batch: Batch) -> str:
     """Where the batch's segments are decoded and reconciled: ``driver`` (this process, without Spark: a local
-    master and at most ``driver_batch_max_bytes`` of segments), ``spark`` (a session in this process) or
-    ``spark-submit``."""
+    master and at most ``driver_batch_max_bytes`` of segments; a backfill scan on a local master unless
+    ``driver_batch_max_bytes`` is 0), ``spark`` (a session in this process) or ``spark-submit``."""
     if config.spark_submit:
         return "spark-submit"
-    size = sum(s["size"] for s in batch.segments)
+    if batch.backfill.get("mode") == "cql":
+        return "driver" if config.spark_master.startswith("local") and config.driver_batch_max_bytes else "spark"
+    size = sum(s.get("size", 0) for s in batch.segments + batch.backfill.get("items", []))
     if config.spark_master.startswith("local") and size <= config.driver_batch_max_bytes:
         return "driver"
     return "spark"
@@ -253,7 +260,11 @@ def _describe(batch: Batch, config: PipelineConfig) -> str:
     head = f"batch {batch.batch_id} (seq {batch.batch_seq}, processing time {batch.now})"
     if batch.snapshot:
         return f"{head}: backfill snapshot of every visible row (no segments)"
-    if batch.replay:
+    if batch.backfill.get("mode") in LOADS:
+        how = {"driver": "in this process", "spark": f"Spark {config.spark_master}",
+               "spark-submit": f"spark-submit --master {config.spark_master}"}[transform_mode(config, batch)]
+        return f"{head}: {describe_load(batch)} {how}"
+    if batch.backfill:
         return f"{head}: {describe_replay(batch)}"
     if not batch.segments:
         return f"{head}: TTL expiry sweep (no segments)"
@@ -293,8 +304,10 @@ def transform(config: PipelineConfig, batch, *, fault: Fault = no_fault, spark=N
                     wait_s=config.delta_lock_wait_s, ttl_s=config.delta_lock_ttl_s):
         if batch.snapshot:
             counters.update(events=snapshot_outbox(config, root, schema, batch, hook))
-        elif batch.replay.get("purpose") == "reemit":
+        elif batch.backfill.get("purpose") == "reemit":
             counters.update(events=reemit_outbox(config, root, batch, hook))
+        elif batch.backfill.get("mode") in LOADS:
+            counters.update(_run_transform(config, store, root, schema, batch, hook, spark))
         elif batch.sweep or not batch.segments:
             from cdc_lib.sinks.delta import DeltaRsStateStore, run_store_batch
             st = DeltaRsStateStore(root, config.delta_options(), app_id=config.app_id, fail_hook=hook)
@@ -324,8 +337,16 @@ def transform(config: PipelineConfig, batch, *, fault: Fault = no_fault, spark=N
 
 def _run_transform(config: PipelineConfig, store: ObjectStore, root: str, schema, batch: Batch, hook,
                    spark) -> dict:
-    """The Spark job of a batch with segments, where ``transform_mode`` says; returns its counters."""
+    """The Spark job of a batch with segments, token ranges to scan or SSTables, where ``transform_mode`` says;
+    returns its counters."""
     mode = transform_mode(config, batch)
+    load = batch.backfill.get("mode")
+    if load not in LOADS:
+        load = None
+    if mode == "spark-submit" and load == "cql":
+        raise ConfigError("a cql backfill batch runs in the transform's own process or Spark session, not with "
+                          "spark-submit (the job would need the Cassandra credentials): set spark_submit false "
+                          "for the cassandra_cdc runs of the backfill")
     if mode == "spark-submit":
         if config.schema_source != "cql":
             raise ConfigError("spark_submit runs the job with a schema file: set schema_source 'cql' and "
@@ -346,13 +367,32 @@ def _run_transform(config: PipelineConfig, store: ObjectStore, root: str, schema
         t1 = time.monotonic()
         session = spark or spark_session(config)
         counters["spark_start_s"] = round(time.monotonic() - t1, 3)
-    sources, checksums = segment_sources(store, batch)
+    if load == "cql":
+        b = batch.backfill
+        sources, checksums = scan_sources(batch), None
+        extra = dict(create_op="r", scan_settings=scan_settings(config, b["consistency"], b["page_size"]),
+                     parallelism=b["parallelism"],
+                     on_loaded=lambda loaded: record_horizons(store, config.cluster, loaded))
+    elif load == "sstables":
+        sources, checksums = sstable_sources(store, batch), None
+        extra = dict(create_op="r")
+    else:
+        sources, checksums = segment_sources(store, batch)
+        extra = dict(horizons=read_horizons(store, config.cluster))
     res = run_batch(session, sources, root=root, storage_options=config.delta_options(), schema=schema,
                     batch_id=batch.batch_id, batch_seq=batch.batch_seq, now=batch.now, prev_now=batch.prev_now,
                     cluster=config.cluster, app_id=config.app_id, store_url=store.url,
                     store_options=config.fs_options(), checksums=checksums, keys=encryption_keys(config),
-                    fail_hook=hook)
+                    fail_hook=hook, **extra)
     counters.update(events=res.events, state_rows_written=sum(res.tables.values()))
+    if load == "cql":
+        counters.update(loaded=load_progress(store, batch, res.loaded), scanned_ranges=len(res.loaded),
+                        scanned_rows=sum(s["rows"] for s in res.loaded))
+    elif load == "sstables":
+        counters.update(loaded=load_progress(store, batch, res.loaded), sstables=len(res.loaded),
+                        sstable_bytes=sum(s["bytes"] for s in res.loaded), damaged_sstable_entries=len(res.damaged))
+        for key in res.damaged:
+            log.warning("transform: quarantined %s (damaged bytes in an SSTable of the snapshot)", key)
     return counters
 
 
@@ -476,7 +516,7 @@ def archive(config: PipelineConfig, batch, *, fault: Fault = no_fault) -> Batch:
                             "nothing archived")
     t0 = time.monotonic()
     fault("archive:before")
-    if batch.replay:        # its segments were read from archived/ and stay there
+    if batch.backfill:      # a replay's segments were read from archived/ and stay there; a scan has none
         return _finish_archive(store, batch, {"archived": 0, "quarantined_segments": 0,
                                               "replayed_segments": len(batch.segments)}, t0, fault)
     damaged: dict = {}

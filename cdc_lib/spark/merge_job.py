@@ -6,7 +6,10 @@ mode runs for a claimed batch) and in-process (``run_batch(spark_session(config)
 Segments are read by whoever decodes them, straight from the store: a local path in place, an object-store URL
 (``s3://bucket/cdc/incoming/...``) downloaded by the executor itself (fsspec) into a private temporary file and
 checked against the sha256 the batch claimed it with. Nothing is staged through the driver, so a cluster needs no
-shared filesystem.
+shared filesystem. A backfill batch has other sources (``source_descriptors``): token ranges of live tables to
+scan (``cdc_lib.scan``, the ``cql`` mode) or the SSTables of a snapshot (``cdc_lib.sstable``, the ``sstables``
+mode), each read the same way by whoever parses it, into the same cell log; its rows that become visible are
+``r`` events (``create_op``).
 
 Data path on Spark (nothing proportional to the batch passes through the driver):
 
@@ -50,6 +53,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import json
 import logging
 import os
 import time
@@ -68,7 +72,7 @@ from cdc_lib.state.batch import process_partition, table_order
 CHUNK_PARTITIONS = 20_000      # partitions per prior-state read in a reconcile task (bounds executor memory)
 RESULT_PREFIX = "cdc-batch-result: "    # the job's last stdout line: this, then its BatchResult as JSON
 SWEEP_KIND = "_sweep"          # marker row: load and sweep this partition even without records
-REC_CELL, REC_DAMAGE = "cell", "damage"
+REC_CELL, REC_DAMAGE, REC_LOADED = "cell", "damage", "loaded"
 
 log = logging.getLogger(__name__)
 LAST_TIMINGS: dict = {}    # seconds per stage of the last ``run_batch`` in this process (benchmarks read it)
@@ -86,6 +90,8 @@ PARSED_SCHEMA = pa.schema([pa.field(f.name, f.type) for f in CELL_LOG_SCHEMA] + 
     pa.field("_record", pa.string()),
     pa.field("_quarantine_key", pa.string()),
     pa.field("_damage_reason", pa.string()),
+    pa.field("_loaded", pa.string()),         # a token range scanned or an SSTable read: what it held (JSON,
+                                              # ``_load_summary``)
 ])
 
 OUT_SCHEMA = pa.schema([
@@ -123,6 +129,7 @@ class BatchResult:
     tables: dict = field(default_factory=dict)      # qualified name -> change rows merged
     skipped_tables: list = field(default_factory=list)
     damaged: list = field(default_factory=list)     # quarantine keys
+    loaded: list = field(default_factory=list)      # token ranges scanned, SSTables read (``_load_summary``)
 
 
 def _spark_schema(schema: pa.Schema):
@@ -165,11 +172,12 @@ def segment_file(source: str, checksum: Optional[str], store_options: dict):
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _parse_segments(schema, store_url: str, store_options: dict, checksums: dict, cluster: str, batch_id: str,
-                    keys=None):
-    """The ``mapInArrow`` function of step 1 (a closure shipped to executors): rows of ``path`` (segment paths or
-    URLs) in, cell-log rows and one summary row per damage out. ``keys``: the ``EncryptionKeys`` of encrypted
-    segments (shipped with the closure: the executors decrypt)."""
+def _parse_sources(schema, store_url: str, store_options: dict, cluster: str, batch_id: str, scan_settings=None,
+                   keys=None):
+    """The ``mapInArrow`` function of step 1 (a closure shipped to executors): rows of ``source`` (a source as
+    JSON: a segment's path or URL, a token range to scan or an SSTable, see ``source_descriptors``) in; cell-log
+    rows, one summary row per damage and one per token range or SSTable out. ``keys``: the ``EncryptionKeys`` of
+    encrypted segments (shipped with the closure: the executors decrypt)."""
 
     def parse(batches):
         from cdc_lib.celllog.reader import read_cell_log
@@ -177,14 +185,23 @@ def _parse_segments(schema, store_url: str, store_options: dict, checksums: dict
         from cdc_lib.storage.quarantine import quarantine_damage
         store = None
         for b in batches:
-            for source in b.column("path").to_pylist():
+            for text in b.column("source").to_pylist():
+                src = json.loads(text)
+                if src["kind"] == "cql":
+                    if store is None:
+                        store = ObjectStore.from_url(store_url, **store_options)
+                    yield from _scanned_cells(schema, store, scan_settings, src)
+                    continue
                 damages = []
-                with segment_file(source, checksums.get(source), store_options) as path:
-                    for cells in read_cell_log(path, schema, keys=keys, on_damage=damages.append, cdc_only=True):
-                        n = cells.num_rows
-                        cols = list(cells.columns) + [pa.array([REC_CELL] * n, pa.string()),
-                                                      pa.nulls(n, pa.string()), pa.nulls(n, pa.string())]
-                        yield pa.RecordBatch.from_arrays(cols, schema=PARSED_SCHEMA)
+                if src["kind"] == "sstable":
+                    source = f"{src['node']}/{src['source'].rsplit('/', 1)[-1]}"   # quarantined under its node
+                    yield from _sstable_cells(schema, store_options, src, damages)
+                else:
+                    source = src["path"]
+                    with segment_file(source, src.get("checksum"), store_options) as path:
+                        for cells in read_cell_log(path, schema, keys=keys, on_damage=damages.append,
+                                                   cdc_only=True):
+                            yield _parsed_cells(cells)
                 if not damages:
                     continue
                 if store is None:
@@ -201,10 +218,110 @@ def _parse_segments(schema, store_url: str, store_options: dict, checksums: dict
     return parse
 
 
+def _scanned_cells(schema, store, settings, src: dict):
+    """The cell-log rows of one token range of a live table (``cdc_lib.scan``; scanned once, then read from the
+    store), then its summary row (table, rows, whether an earlier scan was read)."""
+    from cdc_lib.scan import TableScan, TokenRange, scan_range, scan_session
+    from cdc_lib.scan.reader import read_scanned_range
+    keyspace, name = src["table"].split(".", 1)
+    table = schema.by_name(keyspace, name)
+    if table is None:
+        from cdc_lib.errors import UnknownTableError
+        raise UnknownTableError(f"{src['table']} (to scan) is not in the schema")
+    scan = TableScan(table, element_times=src["element_times"])
+    rng = TokenRange(src["start"], src["end"])
+    t0 = time.monotonic()
+
+    def scan_rows(stats):
+        return scan_range(scan_session(settings), scan, rng, settings, src["source"], stats)
+    stats: dict = {}
+    for cells in read_scanned_range(store, src["key"], scan_rows, stats):
+        yield _parsed_cells(cells)
+    took = time.monotonic() - t0
+    log.info("scan %s: token range %d of %d %s: %d rows in %.1f s%s", src["table"], src["index"] + 1, src["of"],
+             f"({rng.start}, {rng.end}]", stats["rows"], took,
+             " (the earlier scan, read from the store)" if stats["from_store"] else "")
+    yield _loaded_row({"table": src["table"], "table_id": str(table.id), "index": src["index"], "start": rng.start,
+                       "end": rng.end, "rows": stats["rows"], "pages": stats["pages"],
+                       "from_store": stats["from_store"], "seconds": round(took, 3), "key": src["key"]})
+
+
+@contextmanager
+def sstable_directory(src: dict, store_options: dict):
+    """The Data.db path of an SSTable source with its companion files beside it: a local store's files in place;
+    an object store's downloaded into ``<new private directory>/<keyspace>/<table>-<id>/`` (the names the reader
+    takes the table from), each checked against its sha256."""
+    data = next(f for f in src["files"] if f["name"].endswith("-Data.db"))
+    if "://" not in data["path"] or data["path"].startswith("file://"):
+        yield data["path"].removeprefix("file://")
+        return
+    import shutil
+    import tempfile
+    directory = tempfile.mkdtemp(prefix="cdc-sstable-")
+    try:
+        target = os.path.join(directory, *data["dir"].split("/"))
+        os.makedirs(target)
+        for f in src["files"]:
+            with segment_file(f["path"], f["checksum"], store_options) as local:
+                shutil.copyfile(local, os.path.join(target, f["name"]))
+        yield os.path.join(target, data["name"])
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _sstable_cells(schema, store_options: dict, src: dict, damages: list):
+    """The cell-log rows of one SSTable of a node's snapshot (``cdc_lib.sstable``), then its summary row; damaged
+    bytes go to ``damages`` (quarantined by the caller, as a segment's)."""
+    from cdc_lib.sstable import read_sstable_cell_log
+    t0 = time.monotonic()
+    stats: dict = {}
+    with sstable_directory(src, store_options) as data_path:
+        for cells in read_sstable_cell_log(data_path, schema, on_damage=damages.append, stats=stats):
+            yield _parsed_cells(cells)
+    took = time.monotonic() - t0
+    log.info("load %s: SSTable %s (%d bytes): %d partitions, %d records in %.1f s", src["table"], src["source"],
+             src["size"], stats.get("partitions", 0), stats.get("records", 0), took)
+    yield _loaded_row({"table": src["table"], "index": src["id"], "bytes": src["size"],
+                       "partitions": stats.get("partitions", 0), "records": stats.get("records", 0),
+                       "damaged": len(damages), "seconds": round(took, 3)})
+
+
+def _loaded_row(summary: dict) -> pa.RecordBatch:
+    """The summary row of a token range scanned or an SSTable read (``_load_summary`` reads it back)."""
+    keyspace, name = summary["table"].split(".", 1)
+    return pa.RecordBatch.from_pylist([{
+        "segment": "", "segment_id": 0, "position": 0, "entry_index": 0, "seq": 0, "table_id": "",
+        "keyspace": keyspace, "table": name, "partition_key": b"", "token": 0, "clustering": b"",
+        "is_static": False, "kind": "", "timestamp": 0, "ttl": 0, "local_deletion_time": 0,
+        "_record": REC_LOADED, "_loaded": json.dumps(summary)}], schema=PARSED_SCHEMA)
+
+
+def _parsed_cells(cells) -> pa.RecordBatch:
+    """Cell-log rows as rows of ``PARSED_SCHEMA``."""
+    n = cells.num_rows
+    return pa.RecordBatch.from_arrays(list(cells.columns) + [pa.array([REC_CELL] * n, pa.string())]
+                                      + [pa.nulls(n, pa.string())] * 3, schema=PARSED_SCHEMA)
+
+
+def source_descriptors(segments, checksums: Optional[dict] = None) -> list:
+    """The sources of a batch as the parse step takes them (JSON text): each segment path or URL as
+    ``{"kind": "segment", "path", "checksum"}`` (sha256 hex from ``checksums`` to check a download against), and
+    a dict (a token range to scan, ``{"kind": "cql", ...}``, or an SSTable, ``{"kind": "sstable", ...}``:
+    ``pipeline.bootstrap``) as it is."""
+    checksums = checksums or {}
+    return [json.dumps(s, sort_keys=True) if isinstance(s, dict) else
+            json.dumps({"kind": "segment", "path": str(s), "checksum": checksums.get(str(s))}, sort_keys=True)
+            for s in segments]
+
+
 def _reconcile(schema, root: str, storage_options: dict, app_id: str, versions: dict, now: int,
-               prev_now: Optional[int], cluster: str, batch_seq: int):
-    """The ``mapInArrow`` function of step 3 (a closure shipped to executors)."""
+               prev_now: Optional[int], cluster: str, batch_seq: int, create_op: str, horizons: dict):
+    """The ``mapInArrow`` function of step 3 (a closure shipped to executors). ``horizons``: table id -> the
+    ``scan.horizon.Horizon`` JSON of a backfill scan (changes older than it make no event)."""
     import uuid
+
+    from cdc_lib.scan.horizon import Horizon
+    read_times = {tid: Horizon.from_json(h) for tid, h in horizons.items()}
 
     def flush(store, pending, out_rows):
         # pending: [(table_id, partition_key, token, records)] in sorted order
@@ -215,10 +332,12 @@ def _reconcile(schema, root: str, storage_options: dict, app_id: str, versions: 
             table = schema.get(uuid.UUID(tid))
             prior = store.read_partitions(table, [pk for pk, _, _ in parts])
             change = []
+            horizon = read_times.get(tid)
             for pk, tok, recs in parts:
                 real = [r for r in recs if r["kind"] != SWEEP_KIND]
                 res = process_partition(table, pk, tok, real, prior.get(pk), now, prev_now=prev_now,
-                                        cluster=cluster)
+                                        cluster=cluster, create_op=create_op,
+                                        quiet_before=horizon.at(tok) if horizon is not None else None)
                 ks, name = table_order(table)[:2]
                 for i, e in enumerate(res.events):
                     row = outbox_row(table, e, "", 0, 0)
@@ -304,16 +423,23 @@ def run_batch(spark, segments, *, root: str, storage_options: Optional[dict] = N
               schema_file: Optional[str] = None, batch_id: str, batch_seq: int, now: int,
               prev_now: Optional[int] = None, cluster: str = "default", app_id: str = "cassandra-cdc",
               store_url: Optional[str] = None, store_options: Optional[dict] = None,
-              checksums: Optional[dict] = None, keys=None, fail_hook=None) -> BatchResult:
-    """Reconcile the cell log of ``segments`` (local paths or object-store URLs) into the Delta state tables and
-    the outbox under ``root``.
+              checksums: Optional[dict] = None, keys=None, fail_hook=None, create_op: str = "c", scan_settings=None,
+              parallelism: int = 1, horizons: Optional[dict] = None, on_loaded=None) -> BatchResult:
+    """Reconcile the cell log of ``segments`` (local paths or object-store URLs of segments, or token ranges to
+    scan: ``source_descriptors``) into the Delta state tables and the outbox under ``root``.
 
     ``spark``: a SparkSession (parse and reconcile in its executors, Delta written by delta-spark), or None (the
     whole batch in this process, Delta written by delta-rs). ``now`` (seconds) is the batch's processing time;
     ``prev_now`` the previous batch's, to sweep TTL expiries in between. ``storage_options``: deltalake's for the
     tables; ``store_url``/``store_options``: the store (fsspec) that remote segments are read from and that
-    damage is quarantined in (default ``root``); ``checksums``: segment -> sha256 to check each download against;
+    damage is quarantined in (default ``root``) and scanned ranges are kept in; ``checksums``: segment -> sha256
+    to check each download against. ``create_op``: the op of an event for a row that becomes visible (``r`` for a
+    backfill). ``scan_settings`` (``scan.ScanSettings``): how token ranges are read; ``parallelism``: sources
+    read at once without Spark (token ranges: the scan waits on Cassandra, not on this CPU). ``horizons``: table
+    id -> when a backfill scan read its partitions (``scan.horizon``; older changes make no event);
     ``keys``: the ``EncryptionKeys`` of encrypted segments (``pipeline.resources.encryption_keys``).
+    ``on_loaded(loaded)`` is called with ``BatchResult.loaded`` once the sources are read, before anything is
+    written.
     Safe to run again with the same arguments after any failure.
     """
     if schema is None:
@@ -321,7 +447,7 @@ def run_batch(spark, segments, *, root: str, storage_options: Optional[dict] = N
             raise TypeError("run_batch needs schema or schema_file")
         from cdc_lib.cql.schema_from_ddl import load_cql_schema
         schema = load_cql_schema(Path(schema_file))
-    paths = [str(p) for p in segments]
+    paths = source_descriptors(segments, checksums)
     timings: dict = {}
     LAST_TIMINGS.clear()
     t_start = time.perf_counter()
@@ -341,21 +467,24 @@ def run_batch(spark, segments, *, root: str, storage_options: Optional[dict] = N
     with _timed(timings, "prepare"):
         versions = store.snapshot(tables)
         marks = _sweep_marks(store, tables, now, prev_now)
-    parse = _parse_segments(schema, store_url or root, dict(store_options or {}), dict(checksums or {}), cluster,
-                            batch_id, keys)
-    reconcile = _reconcile(schema, root, storage_options, app_id, versions, now, prev_now, cluster, batch_seq)
+    parse = _parse_sources(schema, store_url or root, dict(store_options or {}), cluster, batch_id, scan_settings,
+                           keys)
+    reconcile = _reconcile(schema, root, storage_options, app_id, versions, now, prev_now, cluster, batch_seq,
+                           create_op, dict(horizons or {}))
     write = dict(store=store, result=result, todo=todo, outbox_done=outbox_done, batch_id=batch_id,
                  batch_seq=batch_seq, timings=timings)
     if spark is None:
         timings["mode"] = "driver"
-        result.damaged, events, states = _run_in_driver(paths, marks, parse=parse, reconcile=reconcile,
-                                                         timings=timings)
+        result.damaged, result.loaded, events, states = _run_in_driver(
+            paths, marks, parse=parse, reconcile=reconcile, timings=timings, parallelism=parallelism)
+        if on_loaded is not None and result.loaded:
+            on_loaded(result.loaded)
         state_rows = zip(*(states.column(c).to_pylist() for c in ("table_id", "n_rows", "payload")))
         _write_outputs(event_chunks=lambda: events.to_batches(max_chunksize=OUTBOX_CHUNK),
                        state_rows=lambda: state_rows, **write)
     else:
         timings["mode"] = "spark"
-        _run_in_spark(spark, paths, marks, parse=parse, reconcile=reconcile, write=write)
+        _run_in_spark(spark, paths, marks, parse=parse, reconcile=reconcile, write=write, on_loaded=on_loaded)
     timings["total"] = time.perf_counter() - t_start
     LAST_TIMINGS.update({k: round(v, 3) if isinstance(v, float) else v for k, v in timings.items()})
     log.info("merge_batch %s: %s", batch_id, LAST_TIMINGS)
@@ -378,28 +507,36 @@ def _sweep_marks(store, tables, now: int, prev_now: Optional[int]) -> list:
     return marks
 
 
-def _run_in_spark(spark, paths: list, marks: list, *, parse, reconcile, write: dict) -> None:
+def _run_in_spark(spark, paths: list, marks: list, *, parse, reconcile, write: dict, on_loaded=None) -> None:
     """Steps 1-4 with the parsing, reconciling and writing spread over Spark tasks (any batch size, any master)."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
     timings, result, store = write["timings"], write["result"], write["store"]
     batch_id, batch_seq = write["batch_id"], write["batch_seq"]
     # 1. parse: consecutive segments per task, at most PARSE_TASKS_PER_CORE tasks per core (a task costs
-    # ~0.1-0.3 s here). The path list is built in the JVM (range + array literal): a Python-RDD source would
-    # add a Python worker round trip to every task.
-    slices = max(1, min(len(paths), spark.sparkContext.defaultParallelism * PARSE_TASKS_PER_CORE))
+    # ~0.1-0.3 s here); a token range to scan or an SSTable is a task of its own. The source list is
+    # built in the JVM (range + array literal): a Python-RDD source would add a Python worker round trip to every
+    # task.
+    scans = any(json.loads(p)["kind"] != "segment" for p in paths)
+    slices = max(1, len(paths) if scans else
+                 min(len(paths), spark.sparkContext.defaultParallelism * PARSE_TASKS_PER_CORE))
     if paths:
         paths_df = spark.range(0, len(paths), 1, slices).select(
-            F.element_at(F.array(*[F.lit(p) for p in paths]), (F.col("id") + 1).cast("int")).alias("path"))
+            F.element_at(F.array(*[F.lit(p) for p in paths]), (F.col("id") + 1).cast("int")).alias("source"))
     else:
-        paths_df = spark.createDataFrame([], "path string")
+        paths_df = spark.createDataFrame([], "source string")
     parsed = paths_df.mapInArrow(parse, _spark_schema(PARSED_SCHEMA))
     parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        damaged = parsed.filter(F.col("_record") == REC_DAMAGE).select("_quarantine_key")
+        summaries = parsed.filter(F.col("_record") != REC_CELL)
         with _timed(timings, "parse"):      # one job (toLocalIterator would run one per segment)
-            result.damaged = [r[0] for r in damaged.collect()]
-        cells = parsed.filter(F.col("_record") == REC_CELL).drop("_record", "_quarantine_key", "_damage_reason")
+            rows = summaries.collect()
+        result.damaged = [r["_quarantine_key"] for r in rows if r["_record"] == REC_DAMAGE]
+        result.loaded = [_load_summary(r.asDict()) for r in rows if r["_record"] == REC_LOADED]
+        if on_loaded is not None and result.loaded:
+            on_loaded(result.loaded)
+        cells = parsed.filter(F.col("_record") == REC_CELL).drop("_record", "_quarantine_key", "_damage_reason",
+                                                                  "_loaded")
 
         # 2. group by partition (+ partitions with expiries to sweep)
         if marks:
@@ -513,21 +650,46 @@ def _outbox_batch(chunk, batch_id: str, batch_seq: int, first_seq: int) -> pa.Re
          pa.array(range(first_seq, first_seq + n), pa.int64())] + cols, schema=OUTBOX_SCHEMA)
 
 
-def _run_in_driver(paths: list, marks: list, *, parse, reconcile, timings: dict):
-    """Steps 1-3 in this process with the same executor functions, for a small batch.
+def _load_summary(row: dict) -> dict:
+    """What the parse step says of one token range scanned (table, table_id, index, start, end, rows, pages:
+    ``scan.horizon``, from_store, seconds, key) or one SSTable read (table, index, bytes, partitions, records,
+    damaged, seconds): its ``REC_LOADED`` row."""
+    return json.loads(row["_loaded"])
 
-    Returns (damage quarantine keys, events table sorted in publish order, state rows of ``OUT_SCHEMA``).
-    Memory: the batch's cell log (bounded by ``driver_batch_max_bytes`` of segments) and its output.
+
+def _source_table(paths: list) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict({"source": paths}, schema=pa.schema([("source", pa.string())]))
+
+
+def _run_in_driver(paths: list, marks: list, *, parse, reconcile, timings: dict, parallelism: int = 1):
+    """Steps 1-3 in this process with the same executor functions, for a small batch; ``parallelism`` sources
+    are read at once (threads: for token ranges, which wait on Cassandra).
+
+    Returns (damage quarantine keys, loaded ranges and SSTables, events table sorted in publish order, state rows of
+    ``OUT_SCHEMA``). Memory: the batch's cell log (bounded by ``driver_batch_max_bytes`` of segments, or the
+    rows of the token ranges of a backfill batch) and its output.
     """
     import pyarrow.compute as pc
     cell_names = [f.name for f in CELL_LOG_SCHEMA]
-    damaged, cells = [], []
+    damaged, loaded, cells = [], [], []
     with _timed(timings, "parse"):
-        for b in parse(iter([pa.RecordBatch.from_pydict({"path": paths}, schema=pa.schema([("path", pa.string())]))])):
-            is_damage = pc.equal(b.column("_record"), REC_DAMAGE)
-            if pc.any(is_damage).as_py():
-                damaged += b.filter(is_damage).column("_quarantine_key").to_pylist()
-                b = b.filter(pc.invert(is_damage))
+        if parallelism > 1 and len(paths) > 1:
+            from concurrent.futures import ThreadPoolExecutor
+            with ThreadPoolExecutor(min(parallelism, len(paths)), thread_name_prefix="cdc-source") as pool:
+                parsed = itertools.chain.from_iterable(
+                    pool.map(lambda p: list(parse(iter([_source_table([p])]))), paths))
+                parsed = list(parsed)
+        else:
+            parsed = parse(iter([_source_table(paths)]))
+        for b in parsed:
+            summary = pc.not_equal(b.column("_record"), REC_CELL)
+            if pc.any(summary).as_py():
+                for r in b.filter(summary).to_pylist():
+                    if r["_record"] == REC_DAMAGE:
+                        damaged.append(r["_quarantine_key"])
+                    else:
+                        loaded.append(_load_summary(r))
+                b = b.filter(pc.invert(summary))
             if b.num_rows:
                 cells.append(pa.Table.from_batches([b]).select(cell_names))
     with _timed(timings, "group"):
@@ -545,4 +707,4 @@ def _run_in_driver(paths: list, marks: list, *, parse, reconcile, timings: dict)
         events = out.filter(pc.equal(kind, "event")).sort_by(
             [(c, "ascending") for c in EVENT_ORDER]).select(list(EVENT_COLUMNS))
         states = out.filter(pc.equal(kind, "state"))
-    return damaged, events, states
+    return damaged, loaded, events, states

@@ -34,7 +34,7 @@ from cdc_lib.celllog.schema import CELL_LOG_SCHEMA
 from cdc_lib.errors import UnknownTableError
 from cdc_lib.gcpause import gc_paused
 
-from .events import apply_batch, expiry_sweep
+from .events import OP_CREATE, apply_batch, expiry_sweep
 from .reconcile import PartitionState
 
 SOURCE_COLUMNS = ("segment", "segment_id", "position", "entry_index", "seq")
@@ -74,8 +74,11 @@ class PartitionResult:
 
 def process_partition(table, partition_key: bytes, token: int, records: list, prior: Optional[PartitionState],
                       now: int, *, prev_now: Optional[int] = None, cluster: str = "", node: str = "",
-                      deduped: bool = False) -> PartitionResult:
-    """Sweep expiries in ``(prev_now, now]``, then apply the (deduplicated) records of one partition."""
+                      deduped: bool = False, create_op: str = OP_CREATE,
+                      quiet_before: Optional[int] = None) -> PartitionResult:
+    """Sweep expiries in ``(prev_now, now]``, then apply the (deduplicated) records of one partition; a row they
+    make visible is a ``create_op`` event, a change written before ``quiet_before`` (microseconds: when a backfill
+    scan read the partition) makes none (``events.apply_batch``)."""
     recs = list(records) if deduped else dedupe_records(records)
     state = prior.copy() if prior is not None else PartitionState()
     states = {partition_key: state}
@@ -86,7 +89,8 @@ def process_partition(table, partition_key: bytes, token: int, records: list, pr
         events += sweep
         swept = True
     if recs:
-        events += apply_batch(table, states, recs, now, cluster=cluster, node=node)
+        events += apply_batch(table, states, recs, now, cluster=cluster, node=node, create_op=create_op,
+                              quiet_before=None if quiet_before is None else (lambda _pk: quiet_before))
     state = states[partition_key]
     changed = swept or (prior is None and not state.is_empty()) or (prior is not None and state != prior)
     return PartitionResult(partition_key, token, prior, state, events, changed)

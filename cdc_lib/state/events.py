@@ -8,7 +8,7 @@ missing keys start empty) and returns the change events, in the order they must 
 
 Event (a plain dict; values are the Python values of ``cdc_lib.cql.types``, counters as their totals)::
 
-    {"id": str, "op": "c" | "u" | "d", "key": {primary key column: value},
+    {"id": str, "op": "c" | "u" | "d" | "r", "key": {primary key column: value},
      "before": row | None, "after": row | None, "changed": [column, ...],
      "source": {"cluster", "node", "keyspace", "table", "segment", "position", "ts_us", "expired",
                 "connector": "cassandra-cdc"},
@@ -68,6 +68,10 @@ seen, applied in write-time order; that is what readers saw whenever mutations w
 and reached the pipeline no later than newer ones (server-side timestamps, no lagging replica). Out-of-order
 client timestamps and late segments are the exception: their events still chain, and the latest image is
 always the row as it is.
+
+``r`` (a read) is a row a backfill loaded: ``apply_batch(create_op="r")`` for the records of a scan,
+``snapshot_events`` for the state as it is. ``apply_batch(quiet_before=...)`` merges changes older than a scan's
+read of their partition without an event (``scan.horizon``).
 
 Other entry points: ``snapshot_events`` (``r`` events of every visible row, for a backfill),
 ``partition_next_expiry`` (a partition's next TTL expiry, so a store can sweep only what can expire).
@@ -149,21 +153,22 @@ class _Emitter:
         return static + rest
 
     def diff(self, pk: bytes, part: PartitionState, before: dict, after: dict, now: int, ts_us: int,
-             segment, position, expired: bool, op: Optional[str] = None) -> list:
+             segment, position, expired: bool, create_op: str = OP_CREATE) -> list:
+        """An event per row whose image differs; a row that appears is ``create_op`` (``r`` for a backfill)."""
         out = []
         for key in self.ordered(set(before) | set(after)):
             b = before.get(key)
             a = after.get(key)
             if a == b:
                 continue
-            out.append(self.event(pk, part, key, b, a, now, ts_us, segment, position, expired, op))
+            out.append(self.event(pk, part, key, b, a, now, ts_us, segment, position, expired, create_op))
         return out
 
-    def event(self, pk, part, key, b_img, a_img, now, ts_us, segment, position, expired, op=None) -> dict:
+    def event(self, pk, part, key, b_img, a_img, now, ts_us, segment, position, expired,
+              create_op=OP_CREATE) -> dict:
         table = self.table
         info = self.info
-        if op is None:
-            op = OP_CREATE if b_img is None else (OP_DELETE if a_img is None else OP_UPDATE)
+        op = create_op if b_img is None else (OP_DELETE if a_img is None else OP_UPDATE)
         before = None if b_img is None else _typed_row(info, table, pk, key, b_img)
         after = None if a_img is None else _typed_row(info, table, pk, key, a_img)
         changed = _changed_columns(self.change_plan, b_img, a_img)
@@ -237,8 +242,13 @@ def _scope(table, part: PartitionState, rec):
 
 
 def apply_batch(table, states: dict, records: Iterable, now: int, *, cluster: str = "", node: str = "",
-                ts_ms: Optional[int] = None) -> list:
-    """Join ``records`` (cell-log dicts of one table) into ``states`` and return the change events."""
+                ts_ms: Optional[int] = None, create_op: str = OP_CREATE, quiet_before=None) -> list:
+    """Join ``records`` (cell-log dicts of one table) into ``states`` and return the change events.
+
+    ``create_op``: the op of an event for a row that becomes visible: ``c``, or ``r`` when the records load rows
+    that existed before (a backfill scan: ``OP_READ``). ``quiet_before(partition key) -> microseconds or None``:
+    a change written before that time is merged without an event (a backfill scan read the partition later: the
+    change is in what it read; ``scan.horizon``)."""
     emitter = _Emitter(table, cluster, node, now * 1000 if ts_ms is None else ts_ms)
     info = emitter.info
     by_key: dict = {}
@@ -257,7 +267,12 @@ def apply_batch(table, states: dict, records: Iterable, now: int, *, cluster: st
         part = states.get(pk)
         if part is None:
             part = states[pk] = PartitionState()
+        horizon = quiet_before(pk) if quiet_before is not None else None
         for ts, group in _partition_changes(recs):
+            if horizon is not None and ts < horizon:
+                for rec in group:
+                    _apply_record(info, table, part, rec)
+                continue
             scope = set()
             whole = False
             for rec in group:
@@ -291,7 +306,7 @@ def apply_batch(table, states: dict, records: Iterable, now: int, *, cluster: st
             after = partition_images(table, part, now, only)
             source = group[0] if len(group) == 1 else min(group, key=_source_copy)
             events += emitter.diff(pk, part, before, after, now, ts, source.get("segment"), source.get("position"),
-                                   False)
+                                   False, create_op)
     return events
 
 

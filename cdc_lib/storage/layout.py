@@ -9,6 +9,11 @@
                                                            them once it has processed incoming/.../<segment>.
     archived/<cluster>/<node>/<segment>                    processed segments (moved from incoming/)
     quarantined/<cluster>/<node>/<name>                    segments kept aside, with <key>.reason.json
+    backfill/<cluster>/<request>/<keyspace>.<table>/<n>.arrow   rows a backfill scanned from token range n (an
+                                                           Arrow IPC stream of cell-log records)
+    backfill/<cluster>/horizons/<keyspace>.<table>.json    when the backfill scans read each part of the table
+    snapshots/<cluster>/<node>/<tag>/<keyspace>/<table>-<id>/<file>   a node's SSTable snapshot (agent snapshot)
+    snapshots/<cluster>/<node>/<tag>/snapshot.json         its manifest, written last
     checkpoints/<name>.json                                pipeline checkpoints
     ledger/<batch_id>.json                                 the pipeline's batch ledger
     outbox/<name>                                          events waiting to be published
@@ -72,6 +77,8 @@ class Layout:
     OUTBOX = "outbox"
     DELTA = "delta"
     NODES = "nodes"
+    BACKFILL = "backfill"
+    SNAPSHOTS = "snapshots"
 
     @staticmethod
     def _segment_key(area: str, cluster: str, node: str, segment_name: str) -> str:
@@ -138,6 +145,37 @@ class Layout:
     def node_info(cls, cluster: str, node: str) -> str:
         """What an agent says about its node (its datacenter), for the pipeline's ``local_datacenter``."""
         return f"{cls.NODES}/{_check_name('cluster', cluster)}/{_check_name('node', node)}.json"
+
+    @classmethod
+    def scanned_range(cls, cluster: str, request_id: str, keyspace: str, table: str, index: int) -> str:
+        """The rows a backfill scan read from token range ``index`` of ``keyspace.table``."""
+        return (f"{cls.BACKFILL}/{_check_name('cluster', cluster)}/{_check_name('request', request_id)}/"
+                f"{_check_name('keyspace', keyspace)}.{_check_name('table', table)}/{int(index)}.arrow")
+
+    @classmethod
+    def horizon(cls, cluster: str, keyspace: str, table: str) -> str:
+        """When backfill scans read each part of ``keyspace.table`` (``scan.horizon``)."""
+        return f"{cls.horizons_prefix(cluster)}{_check_name('keyspace', keyspace)}.{_check_name('table', table)}.json"
+
+    @classmethod
+    def horizons_prefix(cls, cluster: str) -> str:
+        return f"{cls.BACKFILL}/{_check_name('cluster', cluster)}/horizons/"
+
+    @classmethod
+    def snapshot_prefix(cls, cluster: str, node: str, tag: str) -> str:
+        return (f"{cls.SNAPSHOTS}/{_check_name('cluster', cluster)}/{_check_name('node', node)}/"
+                f"{_check_name('snapshot tag', tag)}/")
+
+    @classmethod
+    def snapshot_manifest(cls, cluster: str, node: str, tag: str) -> str:
+        """What a node's snapshot holds (written last: the snapshot is complete when it exists)."""
+        return cls.snapshot_prefix(cluster, node, tag) + "snapshot.json"
+
+    @classmethod
+    def snapshot_file(cls, cluster: str, node: str, tag: str, keyspace: str, table_dir: str, name: str) -> str:
+        """One file of a node's snapshot of a table (``table_dir``: ``<table>-<id>``, as on the node)."""
+        return (cls.snapshot_prefix(cluster, node, tag) + f"{_check_name('keyspace', keyspace)}/"
+                f"{_check_name('table directory', table_dir)}/{_check_name('file', name)}")
 
     @classmethod
     def checkpoint(cls, name: str) -> str:
