@@ -2,6 +2,7 @@
 claim -> Spark job -> Kafka -> archive, on the embedded servers (SeaweedFS, Apache Kafka) and local Spark.
 
     .venv/bin/python benchmarks/bench_pipeline.py [--mutations 5000] [--max-segments 64] [--airflow] [--cluster]
+    .venv/bin/python benchmarks/bench_pipeline.py --driver-memory 2000,8000
 
 Prints events/s end to end, the share of each step (Spark start-up, the Spark job, publish, archive), the
 Spark job's own stages (``spark.merge_job.LAST_TIMINGS`` summed over batches: where it ran, driver or Spark
@@ -19,6 +20,12 @@ come from the batch manifests).
 topics, and prints events/s of the three runs side by side (the in-process run is the baseline), with the job's
 stages as the job reported them: delta-spark's MERGE (``state_merge`` on the cluster) beside deltalake's (the
 in-process run on a local master writes with delta-rs when the batch is small, else with delta-spark locally).
+
+``--driver-memory N1,N2,...`` runs only this: for each number of writes, the whole workload as ONE batch with
+``spark-submit`` on a 2-worker standalone cluster, and prints the peak resident memory of the job's driver (its JVM
+and its Python process) beside that of the executors' processes, one row per batch size. The executors parse,
+reconcile and write; the driver only plans and commits, so its peak should not grow with the batch. Peaks are the
+kernel's high-water marks (``VmHWM`` in ``/proc/<pid>/status``: Linux), read every 0.1 s until each process ends.
 """
 from __future__ import annotations
 
@@ -27,6 +34,7 @@ import json
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -118,6 +126,135 @@ def _cluster_run(workers: int, cfg, pristine: Path, work: Path) -> dict:
             "events": sum(b.steps.get("publish", {}).get("events", 0) for b in batches)}
 
 
+class PeakMemory:
+    """Peak resident memory of the Spark processes this process starts while the block runs, by role: the driver of
+    a ``spark-submit`` job (``driver_jvm``: SparkSubmit; ``driver_python``: the job's Python process, the JVM's
+    child), and executor JVMs and their Python workers (``executor_jvm``/``python_worker``: the largest single one).
+    Values in MiB; each process's peak is the kernel's high-water mark (VmHWM), read until the process ends."""
+
+    ROLES = ("driver_jvm", "driver_python", "executor_jvm", "python_worker")
+
+    def __init__(self, interval_s: float = 0.1):
+        self.interval_s = interval_s
+        self._peaks: dict = {}          # pid -> (role, KiB)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "PeakMemory":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @staticmethod
+    def _hwm_kib(pid: int) -> int:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+        return 0
+
+    @staticmethod
+    def _roles(procs: list) -> dict:
+        """{pid: role} of ``procs`` ((pid, parent pid, command line)): the JVMs by their main class, then Python
+        processes by their parent's role."""
+        roles = {}
+        for pid, _, cmd in procs:
+            if "org.apache.spark.deploy.SparkSubmit" in cmd:
+                roles[pid] = "driver_jvm"
+            elif "CoarseGrainedExecutorBackend" in cmd:
+                roles[pid] = "executor_jvm"
+        found = True
+        while found:            # pyspark.daemon under an executor, the workers it forks under the daemon
+            found = False
+            for pid, ppid, cmd in procs:
+                parent = roles.get(ppid)
+                if pid in roles or parent is None:
+                    continue
+                if parent == "driver_jvm" and "merge_batch.py" in cmd:
+                    roles[pid] = "driver_python"
+                elif parent in ("executor_jvm", "python_worker"):
+                    roles[pid] = "python_worker"
+                else:
+                    continue
+                found = True
+        return roles
+
+    def _run(self) -> None:
+        import psutil
+        me = psutil.Process()
+        while not self._stop.is_set():
+            procs = []
+            for proc in me.children(recursive=True):
+                try:
+                    procs.append((proc.pid, proc.ppid(), " ".join(proc.cmdline())))
+                except psutil.Error:
+                    continue
+            for pid, role in self._roles(procs).items():
+                try:
+                    self._peaks[pid] = (role, max(self._hwm_kib(pid), self._peaks.get(pid, (role, 0))[1]))
+                except OSError:
+                    continue        # ended since the listing: its last reading stands
+            self._stop.wait(self.interval_s)
+
+    def peaks_mib(self) -> dict:
+        """{role: MiB}: the driver's processes each, the largest executor-side process of each kind."""
+        out = dict.fromkeys(self.ROLES, 0.0)
+        for role, kib in self._peaks.values():
+            out[role] = max(out[role], kib / 1024)
+        return out
+
+
+def _driver_memory(sizes: list, max_segments: int, segment_size: int) -> int:
+    """``--driver-memory``: each workload size as one spark-submit batch on a 2-worker cluster; peak memory by role."""
+    import os
+    work = Path(tempfile.mkdtemp(prefix="bench-driver-memory-"))
+    schema = sample_schema()
+    schema_file = work / "schema.cql"
+    schema_file.write_text(SAMPLE_SCHEMA_CQL)
+    rows = []
+    with run_kafka_broker(work / "kafka") as broker, run_s3_server(work / "weed", bucket="bench") as s3, \
+            run_spark_cluster(work / "spark", workers=2) as cluster:
+        os.environ.update(cluster.env)
+        for n in sizes:
+            workload = Workload(schema, seed=1)
+            cw = write_cluster_segments(work / f"cassandra-{n}", schema, n, seed=1, workload=workload,
+                                        segment_size=segment_size)
+            paths = [x for v in cw.segments.values() for x in v]
+            mb = sum(Path(x).stat().st_size for x in paths) / 1e6      # before the agents ship (and delete) them
+            cfg = P.PipelineConfig(
+                store_url=f"s3://bench/mem-{n}", s3_endpoint_url=s3.endpoint_url, s3_access_key=s3.access_key,
+                s3_secret_key=s3.secret_key, cluster="bench", schema_file=str(schema_file),
+                kafka_bootstrap=broker.bootstrap, now=workload.clock_us // 1_000_000 + 5, topic_prefix=f"mem-{n}",
+                max_segments=max(max_segments, len(paths)), max_bytes=1 << 40, spark_submit=True,
+                spark_master=cluster.master_url, spark_submit_bin=str(Path(sys.executable).parent / "spark-submit"),
+                spark_conf={"spark.executor.memory": "768m", "spark.sql.shuffle.partitions": "4",
+                            "spark.databricks.delta.snapshotPartitions": "2"})
+            store = P.open_store(cfg)
+            for node in sorted(cw.segments):
+                Agent(AgentConfig(cdc_raw=work / f"cassandra-{n}" / node, store_url=cfg.store_url, cluster="bench",
+                                  node=node, state_dir=work / f"agent-{n}" / node), store=store).run_once()
+            t0 = time.perf_counter()
+            with PeakMemory() as peaks:
+                batches = P.run_until_idle(cfg)
+            wall = time.perf_counter() - t0
+            events = sum(b.steps.get("publish", {}).get("events", 0) for b in batches)
+            rows.append((n, len(batches), len(paths), mb, events, wall, peaks.peaks_mib()))
+    print("peak resident memory of one spark-submit batch (MiB; 2 workers, spark.executor.memory 768m, "
+          "driver memory Spark's default):")
+    print(f"  {'writes':>7s} {'batches':>7s} {'segments':>8s} {'MB':>6s} {'events':>7s} {'wall s':>7s}  "
+          f"{'driver JVM':>10s} {'driver Py':>9s}  {'executor JVM':>12s} {'Py worker':>9s}")
+    for n, nb, nseg, mb, events, wall, pk in rows:
+        print(f"  {n:7d} {nb:7d} {nseg:8d} {mb:6.1f} {events:7d} {wall:7.1f}  {pk['driver_jvm']:10.0f} "
+              f"{pk['driver_python']:9.0f}  {pk['executor_jvm']:12.0f} {pk['python_worker']:9.0f}")
+    print("  (driver: the spark-submit JVM and the job's Python process; executor columns: the largest one process)")
+    import shutil
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mutations", type=int, default=5000)
@@ -126,7 +263,11 @@ def main(argv=None) -> int:
     p.add_argument("--airflow", action="store_true", help="run through `airflow dags test cassandra_cdc`")
     p.add_argument("--cluster", action="store_true",
                    help="also run with spark-submit on a standalone cluster of 1, then 2 workers")
+    p.add_argument("--driver-memory", metavar="N1,N2", default=None,
+                   help="only this: peak memory of the spark-submit driver with each number of writes in one batch")
     a = p.parse_args(argv)
+    if a.driver_memory:
+        return _driver_memory([int(x) for x in a.driver_memory.split(",")], a.max_segments, a.segment_size)
 
     work = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
     schema = sample_schema()

@@ -381,7 +381,9 @@ class PipelineConfig:
     kafka_replication_factor: int = -1         # of the topics the pipeline creates; -1: the brokers' default
     kafka_topic_config: dict = field(default_factory=dict)   # topic configs at creation (cleanup.policy=compact...)
     kafka_timeout_s: float = 30.0
-    kafka_tombstones: bool = False             # a Kafka tombstone after each delete (log compaction)
+    # A Kafka tombstone (the key, a null value) after each delete event, so that log compaction removes deleted
+    # keys; None: when kafka_topic_config's cleanup.policy compacts
+    kafka_tombstones: Optional[bool] = None
     kafka_transactions: bool = False           # each batch one Kafka transaction (atomic for read_committed readers)
     # librdkafka client settings: security.protocol, sasl.*, ssl.*, compression.type... (the Kafka connection's
     # extras and login/password); secret: may hold passwords
@@ -463,6 +465,13 @@ class PipelineConfig:
             if f.metadata.get("secret") and d[f.name]:
                 d[f.name] = "***"
         return d
+
+    @property
+    def publishes_tombstones(self) -> bool:
+        """Whether a tombstone follows each delete event (``kafka_tombstones``; by default on compacted topics)."""
+        if self.kafka_tombstones is not None:
+            return self.kafka_tombstones
+        return "compact" in str(self.kafka_topic_config.get("cleanup.policy", ""))
 
     @property
     def remote(self) -> bool:

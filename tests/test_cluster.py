@@ -2,7 +2,8 @@
 pyspark, ``demo.servers.run_spark_cluster``), the transform submitted with ``spark-submit`` the way the DAG's
 ``spark_submit`` mode runs it, segments and Delta tables on the S3 server, events to Apache Kafka with
 transactions. The executors open the segments from the store themselves (there is no local copy anywhere: the
-store is S3) and write the Delta tables with delta-spark."""
+store is S3) and write the Delta tables with delta-spark. A job that fails (here on a local master) says why in the
+error and the task log."""
 from __future__ import annotations
 
 import sys
@@ -26,10 +27,10 @@ def spark_cluster(tmp_path_factory):
 
 
 def _shipped_to_cluster(spark_cluster, segments, tmp_path, s3_server, s3_bucket, kafka_broker) -> P.PipelineConfig:
-    """The settings of a pipeline that runs its batches with spark-submit on ``spark_cluster`` (transactions on),
-    after the agents shipped the segments."""
+    """The settings of a pipeline that runs its batches with spark-submit on ``spark_cluster`` (transactions on; a
+    ``local[1]`` master without one), after the agents shipped the segments."""
     cfg = _config(tmp_path, s3_server, kafka_broker, s3_bucket, max_segments=100, spark_submit=True,
-                  spark_master=spark_cluster.master_url, kafka_transactions=True,
+                  spark_master=spark_cluster.master_url if spark_cluster else "local[1]", kafka_transactions=True,
                   spark_submit_bin=str(Path(sys.executable).parent / "spark-submit"),
                   spark_conf={"spark.executor.memory": "512m", "spark.sql.shuffle.partitions": "2",
                               "spark.databricks.delta.snapshotPartitions": "2"})
@@ -56,6 +57,38 @@ def test_pipeline_on_a_two_worker_cluster_publishes_each_event_once(spark_cluste
     assert store.list(Layout.area_prefix(Layout.INCOMING, cfg.cluster)) == []
     assert _assert_exactly_once_in_order(cfg) > 100
     _assert_topics_replay_to_the_model(cfg, segments[1].mutations)
+
+
+def test_a_failed_job_says_why_in_the_error_and_the_task_log(segments, tmp_path, s3_server, s3_bucket, kafka_broker,
+                                                            caplog):
+    """A segment rewritten in the store after the batch claimed it (a second writer; a bucket restored from another
+    copy): its parse task fails the executor's sha256 check, so the job fails. The error the
+    transform task raises, and the job's lines in the task log, say which segment and why, not only an exit
+    status; the batch stays claimed and nothing of it is committed, so a retry starts it afresh. On a local master
+    (no executors to start: the report is the same on the cluster, where Spark first retries the task 3 times)."""
+    import logging
+
+    from deltalake import DeltaTable
+
+    from cdc_lib.sinks.delta import events_table_uri
+    from cdc_lib.spark.submit import SparkJobError
+    cfg = _shipped_to_cluster(None, segments, tmp_path, s3_server, s3_bucket, kafka_broker)
+    caplog.set_level("INFO", logger="cassandra_cdc")
+    batch = P.claim(cfg)
+    store = P.open_store(cfg)
+    victim = batch.segments[-1]
+    store.put_bytes(victim["key"], store.get_bytes(victim["key"])[:-100])      # cut short by a second writer
+    with pytest.raises(SparkJobError) as failed:
+        P.transform(cfg, batch)
+    why = f"{store.url_for(victim['key'])}: the copy read hashes to"
+    said = str(failed.value)
+    assert "spark-submit failed (exit status 1)" in said
+    assert why in said and f"the batch claimed the segment with sha256 {victim['checksum']}" in said, said
+    job_errors = [r.getMessage() for r in caplog.records
+                  if r.name == "cassandra_cdc.spark.job" and r.levelno >= logging.ERROR]
+    assert any(why in line for line in job_errors), "the task log does not show the job's failure as an error"
+    assert P.read_batch(store, batch.batch_id).state == "claimed"
+    assert not DeltaTable.is_deltatable(events_table_uri(P.delta_root(cfg, store)), cfg.delta_options())
 
 
 def _kill_first_executor_of(worker_dir: Path, killed: list, stop) -> None:

@@ -8,7 +8,8 @@ table the independent reference model computes from the workload. No segment is 
 is published. Outages: the broker killed in the middle of producing and started again on its data, the S3 server
 frozen (SIGSTOP) in the middle of a Delta commit: the run fails, nothing is archived or duplicated, the retry
 completes. Bad input: a damaged segment and an unknown table are quarantined with reasons while the rest of the
-batch is published, and the counters say so.
+batch is published, and the counters say so. Compacted topics: what the broker keeps after compacting replays to the
+same table, deleted keys gone.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -149,7 +151,7 @@ def _assert_topics_replay_to_the_model(cfg: P.PipelineConfig, mutations) -> None
             continue
         replayed: dict = {}
         for _, key, value in got.get(table_topic(cfg.topic_prefix, t.keyspace, t.name), []):
-            after = json.loads(value)["after"]
+            after = None if value is None else json.loads(value)["after"]       # None: a tombstone
             if after is None:
                 replayed.pop(key.decode(), None)
             else:
@@ -353,3 +355,57 @@ def test_damaged_segment_and_unknown_table_are_quarantined_rest_published(tmp_pa
     m = P.read_metrics(cfg)
     assert m["totals"]["transform.unknown_table_entries"] == t["unknown_table_entries"]
     assert m["totals"]["archive.quarantined_segments"] == 1
+
+
+# ------------------------------------------------------------------------------------------ compacted topics
+
+# Topics the broker compacts as soon as it can: every append after 100 ms rolls the log, any closed segment makes
+# the log cleanable (the test broker's cleaner looks every second), and a tombstone goes at the pass after the one
+# that compacted it.
+FAST_COMPACTION = {"cleanup.policy": "compact", "segment.ms": "100", "min.cleanable.dirty.ratio": "0.01",
+                   "delete.retention.ms": "0"}
+
+
+def test_compacted_topics_keep_each_keys_latest_row_and_drop_deleted_keys(segments, tmp_path, s3_server, s3_bucket,
+                                                                          kafka_broker):
+    """Topics with ``cleanup.policy=compact`` (a tombstone follows each delete event by default there): after the
+    broker compacted what several batches published, what it kept still replays to the table the reference model
+    says Cassandra shows (each key's latest event carries the whole row), superseded events are gone, and so are
+    some deleted keys altogether (their delete event, then their tombstone)."""
+    from cdc_lib.sinks.kafka import table_topic
+    cfg = _config(tmp_path, s3_server, kafka_broker, s3_bucket, max_segments=5, kafka_topic_config=FAST_COMPACTION)
+    assert cfg.publishes_tombstones
+    assert _ship(_fresh_raw(segments, tmp_path), cfg, tmp_path / "agent") >= 6
+    # Each batch's first record rolls the log over the batch before, which the cleaner then compacts; a third
+    # batch's lets it drop the tombstones of the first.
+    batches = P.run_until_idle(cfg)
+    assert len(batches) >= 3
+    store = P.open_store(cfg)
+    published: dict = {}          # topic -> [(key, op)] in publish order, a tombstone after each delete
+    for b in batches:
+        for r in read_outbox(P.delta_root(cfg, store), b.batch_id, cfg.delta_options()):
+            events = published.setdefault(table_topic(cfg.topic_prefix, r["keyspace"], r["table"]), [])
+            events += [(r["key_json"], r["op"])] + ([(r["key_json"], "tombstone")] if r["op"] == "d" else [])
+    ops = [op for events in published.values() for _, op in events]
+    assert {"c", "u", "d", "tombstone"} <= set(ops), "inserts, updates and deletes, each delete with its tombstone"
+    deleted = {(topic, key) for topic, events in published.items()
+               for key in {k for k, _ in events} if [op for k, op in events if k == key][-1] == "tombstone"}
+    deadline = time.monotonic() + 60
+    while True:
+        kept = _consume(cfg.kafka_bootstrap, cfg.topic_prefix)
+        gone = {(topic, key) for topic, key in deleted
+                if not any(k.decode() == key for _, k, _ in kept.get(topic, []))}
+        if gone or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert gone, "no deleted key was compacted away"
+    assert sum(map(len, kept.values())) < len(ops), "nothing was compacted"
+    for topic, records in kept.items():
+        ids = [event_id for event_id, _, _ in records]
+        assert len(ids) == len(set(ids)), f"{topic}: an event is in Kafka twice"
+        for key in {k for k, _ in published[topic]}:
+            left = [(k.decode(), "tombstone" if v is None else json.loads(v)["op"]) for _, k, v in records
+                    if k.decode() == key]
+            mine = [e for e in published[topic] if e[0] == key]
+            assert not left or left[-1] == mine[-1], f"{topic} {key}: the latest record is not the one kept last"
+    _assert_topics_replay_to_the_model(cfg, segments[1].mutations)

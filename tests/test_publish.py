@@ -322,6 +322,76 @@ def test_topics_are_created_with_partitions_replication_and_configs(kafka_broker
     assert got["cleanup.policy"].value == "compact" and got["min.compaction.lag.ms"].value == "1000"
 
 
+# A topic the broker compacts as soon as it can: every append after 100 ms rolls the log, and the cleaner (which looks
+# every second on the test broker) takes any log with a closed segment.
+FAST_COMPACTION = {"cleanup.policy": "compact", "segment.ms": "100", "min.cleanable.dirty.ratio": "0.01"}
+
+
+def test_a_batch_compacted_between_its_attempts_is_published_once(kafka_broker, tmp_path):
+    """On compacted topics the broker removes a key's older records once a newer one is in a closed segment, so
+    a batch being published can lose records that are delivered: here the first attempt dies after half the
+    batch was acknowledged, the retry's records roll the log, the broker compacts the first attempt's away, and
+    the retry dies before its verification; the third attempt finds the batch whole (a key's record in Kafka
+    vouches for its earlier events in the batch), produces nothing, verifies and marks it published. Before,
+    the scan refused the batch as out of order, and no retry could ever publish it."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+    prefix = "cdc" + uuid.uuid4().hex[:8]
+    batch = make_batch(prefix, n=30, keys=5)
+    topics = sorted({e.topic for e in batch})
+    admin = AdminClient({"bootstrap.servers": kafka_broker})     # topics an operator made compacted
+    for fut in admin.create_topics([NewTopic(t, 1, 1, config=FAST_COMPACTION) for t in topics]).values():
+        fut.result(10)
+    assert run_crashing(kafka_broker, tmp_path, "seg-k", batch, "produced", 14, acked=True) == 17
+    time.sleep(0.2)                                   # past segment.ms: the retry's first record rolls the log
+
+    class Crash(Exception):
+        pass
+
+    def compacted_then_crash(point, **info):
+        if point == "flushed":
+            deadline = time.monotonic() + 30
+            while len(consume_all(kafka_broker, topics)) == len(batch):
+                assert time.monotonic() < deadline, "the broker compacted nothing"
+                time.sleep(0.2)
+            raise Crash(point)
+
+    retry = KafkaPublisher(kafka_broker, LocalLedgerStore(tmp_path), fault=compacted_then_crash)
+    with pytest.raises(Crash):
+        retry.publish_batch("seg-k", batch)
+    last = KafkaPublisher(kafka_broker, LocalLedgerStore(tmp_path))
+    result = last.publish_batch("seg-k", batch)
+    assert result.produced == 0 and last.is_published("seg-k")
+    kept = consume_all(kafka_broker, topics)
+    ids = [r[5][EVENT_ID_HEADER].decode() for r in kept]
+    assert len(ids) == len(set(ids)) < len(batch), "compacted, and no event twice"
+    by_key: dict = {}
+    for e in batch:
+        by_key.setdefault((e.topic, e.key), []).append(e)
+    for (topic, key), events in by_key.items():
+        seqs = [int(r[5][SEQ_HEADER]) for r in sorted(kept, key=lambda r: r[2]) if (r[0], r[3]) == (topic, key)]
+        assert seqs == sorted(seqs) and seqs[-1] == events[-1].seq, f"{topic} {key}: the latest is kept, in order"
+
+
+def test_without_leave_to_read_topic_configs_the_configured_cleanup_policy_counts(tmp_path):
+    """A Kafka user the brokers refuse DescribeConfigs: the topics are taken as compacted if and only if the
+    pipeline's own topic configuration compacts (and the refusal is logged, not raised)."""
+    from concurrent.futures import Future
+
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    class RefusingAdmin:
+        def describe_configs(self, resources, **_):
+            refused = Future()
+            refused.set_exception(KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)))
+            return {ConfigResource(ResourceType.TOPIC, r.name): refused for r in resources}
+
+    ledger = LocalLedgerStore(tmp_path)
+    compacting = KafkaPublisher("127.0.0.1:9", ledger, topic_config={"cleanup.policy": "compact,delete"})
+    assert compacting._compacted_among(RefusingAdmin(), ["a", "b"]) == {"a", "b"}
+    assert KafkaPublisher("127.0.0.1:9", ledger)._compacted_among(RefusingAdmin(), ["a"]) == set()
+
+
 def _first_batch_compression(log_dirs: Path, topic: str) -> int:
     """The compression codec of the first record batch in partition 0's log (attributes bits 0-2)."""
     import struct

@@ -441,7 +441,7 @@ def _outbox_events(config: PipelineConfig, root: str, batch: Batch, tally: dict,
         tally["by_table"][tname] = tally["by_table"].get(tname, 0) + 1
         ops = tally["by_table_op"].setdefault(tname, {})
         ops[r["op"]] = ops.get(r["op"], 0) + 1
-        if config.kafka_tombstones and r["op"] == "d":
+        if config.publishes_tombstones and r["op"] == "d":
             out.append(OutboxEvent(f"{r['event_id']}.tombstone", topic, key, None, seq))
             seq += 1
     return out

@@ -3,7 +3,7 @@
 Topics: one per table, ``<prefix>.<keyspace>.<table>`` (``table_topic``), keyed by the primary key, plus
 ``<prefix>.schema-changes`` (``schema_change_topic``) for schema-change events. The publisher creates missing
 topics with the partitions, replication factor and topic configs it is given (``cleanup.policy=compact`` works:
-every event carries the full row, and a tombstone can follow each delete).
+every event carries the full row, and a tombstone can follow each delete; see "Compacted topics" below).
 
 Each batch (the events of one batch, already persisted in the outbox in publication order) goes through this
 protocol, each step durable before the next:
@@ -21,6 +21,15 @@ protocol, each step durable before the next:
 5. **verify** (on by default): rescan and check each event id of the batch is there exactly once.
 6. **ledger**: write ``<batch>.json`` (``storage.Layout.ledger``). Only then may the segment be archived
    (``is_published``).
+
+**Compacted topics** (``cleanup.policy`` with ``compact``, read from the broker, or the configuration the
+publisher creates topics with when it may not read topic configs): the broker removes a key's older records once a
+newer record of the key is in a closed segment of the log, which can happen while a batch is being published, or
+between a crashed attempt and its rerun. There, a record of the batch found in Kafka also vouches for the key's
+earlier events in the batch (they were delivered before it: one request in flight), so the scan and the
+verification count them as present instead of reporting them missing or refusing the batch as out of order. The
+broker removes a tombstone too, ``delete.retention.ms`` (1 day by default) after compacting it: a key whose
+tombstone is gone before a failed batch's rerun gets its delete event and tombstone once more.
 
 A crash at any point leaves either nothing, a per-key prefix, or everything in Kafka; the rerun completes it
 without duplicates and in order per key, for every consumer, whatever its isolation level. Per-key order across
@@ -69,6 +78,7 @@ from typing import Callable, Iterable, Optional, Protocol
 
 from cdc_lib.errors import CdcError, ConfigError
 
+log = logging.getLogger("cassandra_cdc.kafka")
 client_log = logging.getLogger("cassandra_cdc.kafka.client")   # librdkafka's own log lines
 
 EVENT_ID_HEADER = "cdc-event-id"
@@ -242,6 +252,7 @@ class KafkaPublisher:
         self._producer = Producer(config)
         self._transactions_ready = False
         self._known_topics: set = set()
+        self._compacted_topics: set = set()
 
     # ----------------------------------------------------------------------------------------- ledger keys
     def _intent_key(self, batch_id: str) -> str:
@@ -284,7 +295,7 @@ class KafkaPublisher:
 
         found = self._scan(batch_id, topics, start)
         self._fault("scanned")
-        present = _check_prefix(batch, found)
+        present = _check_prefix(batch, found, self._compacted_topics)
         if self.transactional_id and present and len(present) != len(batch):
             raise PublishOrderError(f"batch {batch_id}: {len(present)} of its {len(batch)} events are committed in "
                                     "Kafka: a transaction holds a whole batch, so another writer put them there")
@@ -384,7 +395,7 @@ class KafkaPublisher:
     # ---------------------------------------------------------------------------------------- kafka reads
     def ensure_topics(self, topics) -> None:
         """Create missing topics with ``num_partitions`` partitions, ``replication_factor`` and ``topic_config``
-        (existing topics are left as they are)."""
+        (existing topics are left as they are), and learn which of them are compacted."""
         from confluent_kafka import KafkaError, KafkaException
         from confluent_kafka.admin import AdminClient, NewTopic
         missing = [t for t in topics if t not in self._known_topics]
@@ -415,7 +426,24 @@ class KafkaPublisher:
             if time.monotonic() > deadline:
                 raise PublishError(f"topics not visible after creation: {missing}")
             time.sleep(0.05)
+        self._compacted_topics.update(self._compacted_among(admin, missing))
         self._known_topics.update(missing)
+
+    def _compacted_among(self, admin, topics) -> set:
+        """The topics among ``topics`` whose ``cleanup.policy`` includes ``compact`` (see the module docstring), as
+        the broker describes them; without the permission to read topic configs, as ``topic_config`` says."""
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import ConfigResource, ResourceType
+        try:
+            futures = admin.describe_configs([ConfigResource(ResourceType.TOPIC, t) for t in topics],
+                                             request_timeout=self.timeout_s)
+            return {resource.name for resource, fut in futures.items()
+                    if "compact" in (fut.result(self.timeout_s)["cleanup.policy"].value or "")}
+        except KafkaException as exc:
+            assumed = "compact" in self.topic_config.get("cleanup.policy", "")
+            log.warning("cannot read the cleanup.policy of %s (%s): taken as %s, the topic_config setting's",
+                        ", ".join(topics), exc, "compact" if assumed else "delete")
+            return set(topics) if assumed else set()
 
     def _consumer(self):
         from confluent_kafka import Consumer
@@ -521,7 +549,8 @@ class KafkaPublisher:
             counts: dict = {}
             for event_id, *_ in found:
                 counts[event_id] = counts.get(event_id, 0) + 1
-            missing = [e.event_id for e in batch if e.event_id not in counts]
+            present = _present(batch, found, self._compacted_topics)
+            missing = [e.event_id for e in batch if e.event_id not in present]
             dupes = sorted(k for k, n in counts.items() if n > 1)
             # A committed transaction becomes visible to read_committed readers once the coordinator has written
             # its commit markers, a moment after commit_transaction returned (the last stable offset lags).
@@ -532,7 +561,7 @@ class KafkaPublisher:
             raise PublishVerificationError(
                 f"batch {batch_id}: {len(missing)} events missing (first {missing[:3]}), "
                 f"{len(dupes)} duplicated (first {dupes[:3]})")
-        _check_prefix(batch, found)
+        _check_prefix(batch, found, self._compacted_topics)
 
 
 def _as_events(events: Iterable) -> list:
@@ -563,13 +592,29 @@ def _offsets_to_json(offsets: dict) -> dict:
     return out
 
 
-def _check_prefix(batch: list, found: list) -> set:
-    """Ids found in Kafka, after checking they are, for every (topic, key), a prefix in batch order."""
-    present = {event_id for event_id, *_ in found}
+def _events_by_key(batch: list) -> dict:
     by_key: dict = {}
     for e in batch:
         by_key.setdefault((e.topic, e.key), []).append(e.event_id)
-    for (topic, key), ids in by_key.items():
+    return by_key
+
+
+def _present(batch: list, found: list, compacted: set) -> set:
+    """Ids of the batch's events that are in Kafka: those ``found``, and on ``compacted`` topics every event of a
+    key up to the last one found (the broker may have removed the earlier ones: see the module docstring)."""
+    present = {event_id for event_id, *_ in found}
+    for (topic, key), ids in _events_by_key(batch).items():
+        if topic in compacted:
+            last = max((i for i, event_id in enumerate(ids) if event_id in present), default=-1)
+            present.update(ids[:last + 1])
+    return present
+
+
+def _check_prefix(batch: list, found: list, compacted: set) -> set:
+    """Ids of the batch's events in Kafka (``_present``), after checking they are, for every (topic, key), a prefix
+    in batch order, and that what was found follows batch order in every partition."""
+    present = _present(batch, found, compacted)
+    for (topic, key), ids in _events_by_key(batch).items():
         flags = [i in present for i in ids]
         n = sum(flags)
         if flags[:n] != [True] * n:
