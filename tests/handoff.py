@@ -268,6 +268,6 @@ def run_handoff(cluster, base: Path, kafka_broker: str, mode: str, request: Call
             lg.removeHandler(lines)
             lg.setLevel(level)
     timings["scenario_s"] = round(time.monotonic() - t0, 1)
-    return Handoff(ks, store, config, tables, answer, set(existing), writer.histories, final_rows, final_native, final_times,
-                   final_now, backfill, stream, waited, {"during": during, "after": writer.count - during}, lines.lines,
-                   timings)
+    return Handoff(ks, store, config, tables, answer, set(existing), writer.histories, final_rows, final_native,
+                   final_times, final_now, backfill, stream, waited,
+                   {"during": during, "after": writer.count - during}, lines.lines, timings)

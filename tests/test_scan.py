@@ -351,11 +351,20 @@ def test_commit_log_changes_older_than_the_scans_read_make_no_event(schema):
     assert [(list(e["before"]["st"]), list(e["after"]["st"])) for e in later.events] == [(["e0"], ["e0", "y"])]
 
 
-def test_scanned_ranges_merge_alike_on_spark_and_in_the_process(tmp_path, schema, spark_session):
-    """One task per token range on Spark, the same events and state as in the transform's own process (here the
-    ranges come from the store, as on a rerun: no cluster needed)."""
+BIGINT_TABLE = ("CREATE TABLE testtypes1.bigint (id int PRIMARY KEY, bigintval bigint) "
+                "WITH ID = bfd81e60-dce7-11eb-b28f-9116fc548b6b AND cdc = true;")
+
+
+def test_loaded_sources_merge_alike_on_spark_and_in_the_process(tmp_path, corpus, spark_session):
+    """Token ranges and an SSTable of a snapshot, one Spark task each: the same events and state as in the
+    transform's own process (the ranges come from the store, as on a rerun: no cluster needed; the SSTable is a
+    real Cassandra 3.11 one of the corpus, shipped as an agent ships a snapshot)."""
     from cdc_lib.sinks.delta import read_outbox, read_state
     from cdc_lib.spark.merge_job import run_batch
+    from cdc_lib.storage.layout import Layout
+    from cdc_lib.storage.objects import sha256_file
+    schema = load_cql_schema(DDL + "CREATE KEYSPACE testtypes1 WITH replication = {'class': 'SimpleStrategy', "
+                             "'replication_factor': 1};\n" + BIGINT_TABLE)
     store = ObjectStore.from_url(str(tmp_path / "store"))
     table = schema.by_name("ks", "t")
     scan = TableScan(table)
@@ -374,21 +383,35 @@ def test_scanned_ranges_merge_alike_on_spark_and_in_the_process(tmp_path, schema
         sources.append({"kind": "cql", "table": "ks.t", "index": i, "of": 2, "start": MIN_TOKEN if i == 0 else 0,
                         "end": 0 if i == 0 else MAX_TOKEN, "key": key, "source": f"cql:cql-1-x/ks.t/{i}",
                         "element_times": True})
+    table_dir = "bigint-bfd81e60dce711ebb28f9116fc548b6b"
+    files = []
+    for f in sorted((corpus / "sstables" / "3.11-types" / "data" / table_dir).iterdir()):
+        key = Layout.snapshot_file("c1", "n1", "s1", "testtypes1", table_dir, f.name)
+        store.put_file(f, key, checksum=sha256_file(f)[0])
+        files.append({"key": key, "name": f.name, "dir": f"testtypes1/{table_dir}", "size": f.stat().st_size,
+                      "path": str(tmp_path / "store" / key)})
+    data_size = next(f["size"] for f in files if f["name"].endswith("-Data.db"))
+    sources.append({"kind": "sstable", "id": "n1/bigint", "table": "testtypes1.bigint", "node": "n1", "files": files,
+                    "size": data_size, "source": f"n1/testtypes1/{table_dir}/md-1-big-Data.db"})
     got = {}
     for name, session in (("driver", None), ("spark", spark_session)):
         root = str(tmp_path / name)
-        scanned = []
+        loaded = []
         res = run_batch(session, sources, root=root, schema=schema, batch_id="b1", batch_seq=1, now=2000,
-                        store_url=str(tmp_path / "store"), create_op="r", on_loaded=scanned.extend)
+                        store_url=str(tmp_path / "store"), create_op="r", on_loaded=loaded.extend)
         rows = list(read_outbox(root, "b1"))
         state = read_state(root, "ks", "t").to_pylist()
+        bigint = read_state(root, "testtypes1", "bigint").to_pylist()
         got[name] = ([(r["op"], r["key_json"], r["event_json"]) for r in rows],
                      sorted((r["k"], r["c"], r["v"], r["_cdc_live"]) for r in state),
-                     sorted((s["index"], s["rows"], s["from_store"]) for s in scanned), res.events)
+                     [(r["id"], r["bigintval"]) for r in bigint],
+                     sorted((str(s["index"]), s.get("rows"), s.get("partitions")) for s in loaded), res.events)
     assert got["driver"] == got["spark"]
-    events, state, scanned, n = got["driver"]
-    assert [op for op, _, _ in events] == ["r"] * 8 and n == 8     # 6 rows, a static-only partition, a key-only row
-    assert scanned == [(0, 6, 1), (1, 2, 1)]
+    events, state, bigint, loaded, n = got["driver"]
+    # 6 rows, a static-only partition, a key-only row; the SSTable's one row
+    assert [op for op, _, _ in events] == ["r"] * 9 and n == 9
+    assert bigint == [(1, 1234567)]
+    assert loaded == [("0", 6, None), ("1", 2, None), ("n1/bigint", None, 1)]
 
 
 def test_a_long_ranges_read_times_are_kept_coarse_and_never_later_than_the_read():

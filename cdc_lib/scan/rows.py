@@ -187,7 +187,8 @@ class TableScan:
                 if value is None or (c.static and not new_partition) or (static_only and not c.static):
                     continue
                 what = f"{table.qualified_name}.{c.name} (row {number} of {source})"
-                cells += [(cell[0], c.static, c.name) + cell[1:] for cell in self._cells(c, value, wt, ttl, now_s, what)]
+                for cell in self._cells(c, value, wt, ttl, now_s, what):
+                    cells.append((cell[0], c.static, c.name) + cell[1:])
             live = [x for x in cells if x[0] == KIND_CELL]
             row_ts = min((x[5] for x in live if not x[1] and x[5] is not None), default=0)
             static_ts = min((x[5] for x in live if x[1] and x[5] is not None), default=0)
