@@ -2,11 +2,21 @@
 pyspark, ``demo.servers.run_spark_cluster``), the transform submitted with ``spark-submit`` the way the DAG's
 ``spark_submit`` mode runs it, segments and Delta tables on the S3 server, events to Apache Kafka with
 transactions. The executors open the segments from the store themselves (there is no local copy anywhere: the
-store is S3) and write the Delta tables with delta-spark. A job that fails (here on a local master) says why in the
-error and the task log."""
+store is S3) and write the Delta tables with delta-spark. The pipeline killed while its job is between Delta commits
+(its job dies with it), then rerun, losing an executor mid-task that Spark replaces: no Delta table is written
+twice, each event is published once. (One scenario, so that the module runs the cluster job twice, not three
+times: each run costs minutes on the 2-core CI machine.) A job that fails (here on a local master) says why in
+the error and the task log."""
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
+import re
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -26,10 +36,11 @@ def spark_cluster(tmp_path_factory):
         yield cluster
 
 
-def _shipped_to_cluster(spark_cluster, segments, tmp_path, s3_server, s3_bucket, kafka_broker) -> P.PipelineConfig:
+def _shipped_to_cluster(spark_cluster, segments, tmp_path, s3_server, s3_bucket, kafka_broker,
+                        **settings) -> P.PipelineConfig:
     """The settings of a pipeline that runs its batches with spark-submit on ``spark_cluster`` (transactions on; a
     ``local[1]`` master without one), after the agents shipped the segments."""
-    cfg = _config(tmp_path, s3_server, kafka_broker, s3_bucket, max_segments=100, spark_submit=True,
+    cfg = _config(tmp_path, s3_server, kafka_broker, s3_bucket, max_segments=100, spark_submit=True, **settings,
                   spark_master=spark_cluster.master_url if spark_cluster else "local[1]", kafka_transactions=True,
                   spark_submit_bin=str(Path(sys.executable).parent / "spark-submit"),
                   spark_conf={"spark.executor.memory": "512m", "spark.sql.shuffle.partitions": "2",
@@ -38,22 +49,131 @@ def _shipped_to_cluster(spark_cluster, segments, tmp_path, s3_server, s3_bucket,
     return cfg
 
 
-def test_pipeline_on_a_two_worker_cluster_publishes_each_event_once(spark_cluster, segments, tmp_path, s3_server,
-                                                                   s3_bucket, kafka_broker, monkeypatch, caplog):
+def _kill_first_executor_of(worker_dir: Path, killed: list, stop, old_apps=frozenset()) -> None:
+    """SIGKILL the first executor JVM of ``worker_dir`` (but of none of the applications ``old_apps``, their
+    directories there) as soon as it runs a Python task (it has started its Python worker daemon: the job's parse
+    tasks are Python); in a thread."""
+    import psutil
+    while not stop.is_set():
+        for proc in psutil.process_iter(["cmdline", "cwd"]):
+            cmd = " ".join(proc.info["cmdline"] or [])
+            cwd = Path(proc.info["cwd"] or "/")
+            if ("CoarseGrainedExecutorBackend" in cmd and cwd.is_relative_to(worker_dir)
+                    and cwd.parent not in old_apps):
+                try:
+                    busy = any("pyspark.daemon" in " ".join(c.cmdline()) for c in proc.children(recursive=True))
+                except psutil.Error:
+                    continue
+                if busy:
+                    os.kill(proc.pid, signal.SIGKILL)
+                    killed.append(proc.pid)
+                    return
+        time.sleep(0.1)
+
+
+RUN_ONCE = """
+import json, sys
+from cdc_lib import pipeline as P
+P.run_once(P.PipelineConfig(**json.loads(sys.argv[1])))
+"""
+
+
+def _delta_commits(cfg: P.PipelineConfig) -> dict:
+    """{Delta table (its key in the store): [for each of its commits in order, the pipeline's app transaction
+    version (its batch_seq), or None for a commit without one (the metadata commit creating the table)]}, read from
+    the tables' own logs."""
+    store = P.open_store(cfg)
+    out: dict = {}
+    for key in sorted(store.list(f"{Layout.DELTA}/")):
+        table, sep, name = key.partition("/_delta_log/")
+        if sep and re.fullmatch(r"\d{20}\.json", name):
+            actions = [json.loads(line) for line in store.get_bytes(key).decode().splitlines() if line.strip()]
+            txn = [a["txn"]["version"] for a in actions if "txn" in a and a["txn"]["appId"] == cfg.app_id]
+            out.setdefault(table, []).append(txn[0] if txn else None)
+    return out
+
+
+def _holding(commits: dict, batch_seq: int) -> dict:
+    """The tables of ``commits`` (``_delta_commits``) holding batch ``batch_seq``."""
+    return {table: versions for table, versions in commits.items() if batch_seq in versions}
+
+
+def _jobs_of(store_url: str) -> list:
+    """The processes of spark-submit jobs working for the store at ``store_url`` (driver JVM, its Python)."""
+    import psutil
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if any(arg.endswith("merge_batch.py") for arg in cmd) and store_url in cmd:
+            found.append(proc)
+    return found
+
+
+@pytest.mark.timeout(900)
+def test_pipeline_killed_between_delta_commits_then_a_rerun_losing_an_executor_publishes_each_event_once(
+        spark_cluster, segments, tmp_path, s3_server, s3_bucket, kafka_broker, monkeypatch, caplog):
+    """The transform task's process SIGKILLed while its spark-submit job, on the two workers, has committed the outbox
+    and some state tables but not the others: the job dies with it (it would otherwise write on unsupervised).
+    The rerun (once the dead run's Delta writer lease ran out) finishes the batch although one of its executors is
+    SIGKILLed in the middle of its Python tasks (Spark retries them): no table gets a second commit of the batch
+    (the tables committed before are left alone: their app transaction says so), both workers run executors, no
+    secret is on a command line, and each event is published exactly once and replays to the model."""
+    import threading
     for key, value in spark_cluster.env.items():          # what a worker machine's spark-env.sh would say
         monkeypatch.setenv(key, value)
-    cfg = _shipped_to_cluster(spark_cluster, segments, tmp_path, s3_server, s3_bucket, kafka_broker)
+    cfg = _shipped_to_cluster(spark_cluster, segments, tmp_path, s3_server, s3_bucket, kafka_broker,
+                              delta_lock_ttl_s=15)
+    store = P.open_store(cfg)
+    events_table = Layout.events_table()
+    with open(tmp_path / "killed-run.log", "wb") as out:
+        killed = subprocess.Popen([sys.executable, "-c", RUN_ONCE, json.dumps(dataclasses.asdict(cfg))],
+                                  stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        while not (events_table in (tables := _holding(_delta_commits(cfg), 1)) and len(tables) >= 2):
+            assert killed.poll() is None, ("the run ended before its job committed a state table:\n"
+                                           + (tmp_path / "killed-run.log").read_text()[-3000:])
+            time.sleep(0.2)
+        os.kill(killed.pid, signal.SIGKILL)         # the outbox and a state table are committed
+    finally:
+        killed.kill()
+        killed.wait()
+    deadline = time.monotonic() + 60
+    while _jobs_of(store.url):
+        assert time.monotonic() < deadline, "the killed run's spark-submit job is still running"
+        time.sleep(0.5)
+    before = _delta_commits(cfg)
+    assert P.read_batch(store, P.batch_id_for(1)).state == "claimed"
+    committed = _holding(before, 1)
+    assert all(versions.count(1) == 1 for versions in committed.values()), before
+    apps_before = {wdir: set(Path(wdir).glob("app-*")) for wdir in spark_cluster.worker_dirs}
+
     caplog.set_level("INFO", logger="cassandra_cdc")
-    done = P.run_until_idle(cfg)
+    killed_executors: list = []
+    stop = threading.Event()
+    victim = spark_cluster.worker_dirs[1]
+    killer = threading.Thread(target=_kill_first_executor_of,
+                              args=(victim, killed_executors, stop, apps_before[victim]))
+    killer.start()
+    try:
+        done = P.run_until_idle(cfg)
+    finally:
+        stop.set()
+        killer.join()
+    assert killed_executors, "no executor was killed"
+    assert "Lost task" in caplog.text, "Spark retried no task (the job's log says what was lost)"
     assert done and all(b.state == "archived" for b in done)
-    modes = {b.steps["transform"]["mode"] for b in done if b.segments}
-    assert modes == {"spark-submit"}, modes
+    assert {b.steps["transform"]["mode"] for b in done if b.segments} == {"spark-submit"}
+    after = _delta_commits(cfg)
+    for table, versions in after.items():
+        assert versions.count(1) <= 1, f"{table}: the batch committed twice"
+    assert {t: after[t] for t in committed} == committed, "the rerun wrote a table the killed job had committed"
+    assert set(_holding(after, 1)) - set(committed), "the killed job had committed every table already"
     # the secret key never was on a command line (spark-submit's argv is logged whole)
     assert s3_server.secret_key not in caplog.text and "spark-submit --master spark://" in caplog.text
-    # both workers ran executors of the job
+    # both workers ran executors of the rerun's job
     for wdir in spark_cluster.worker_dirs:
-        assert list(Path(wdir).glob("app-*/*/stderr")), f"no executor ran on {wdir}"
-    store = P.open_store(cfg)
+        assert any(list(app.glob("*/stderr")) for app in set(Path(wdir).glob("app-*")) - apps_before[wdir]), \
+            f"no executor of the rerun ran on {wdir}"
     assert store.list(Layout.area_prefix(Layout.INCOMING, cfg.cluster)) == []
     assert _assert_exactly_once_in_order(cfg) > 100
     _assert_topics_replay_to_the_model(cfg, segments[1].mutations)
@@ -89,50 +209,3 @@ def test_a_failed_job_says_why_in_the_error_and_the_task_log(segments, tmp_path,
     assert any(why in line for line in job_errors), "the task log does not show the job's failure as an error"
     assert P.read_batch(store, batch.batch_id).state == "claimed"
     assert not DeltaTable.is_deltatable(events_table_uri(P.delta_root(cfg, store)), cfg.delta_options())
-
-
-def _kill_first_executor_of(worker_dir: Path, killed: list, stop) -> None:
-    """SIGKILL the first executor JVM of ``worker_dir`` as soon as it runs a Python task (it has started its Python
-    worker daemon: the job's parse tasks are Python); in a thread."""
-    import os
-    import signal
-    import time
-
-    import psutil
-    while not stop.is_set():
-        for proc in psutil.process_iter(["cmdline", "cwd"]):
-            cmd = " ".join(proc.info["cmdline"] or [])
-            if "CoarseGrainedExecutorBackend" in cmd and str(proc.info["cwd"] or "").startswith(str(worker_dir)):
-                try:
-                    busy = any("pyspark.daemon" in " ".join(c.cmdline()) for c in proc.children(recursive=True))
-                except psutil.Error:
-                    continue
-                if busy:
-                    os.kill(proc.pid, signal.SIGKILL)
-                    killed.append(proc.pid)
-                    return
-        time.sleep(0.1)
-
-
-def test_an_executor_killed_mid_job_is_retried_and_nothing_is_written_twice(spark_cluster, segments, tmp_path,
-                                                                           s3_server, s3_bucket, kafka_broker,
-                                                                           monkeypatch, caplog):
-    import threading
-    for key, value in spark_cluster.env.items():
-        monkeypatch.setenv(key, value)
-    cfg = _shipped_to_cluster(spark_cluster, segments, tmp_path, s3_server, s3_bucket, kafka_broker)
-    caplog.set_level("INFO", logger="cassandra_cdc")
-    killed: list = []
-    stop = threading.Event()
-    killer = threading.Thread(target=_kill_first_executor_of, args=(spark_cluster.worker_dirs[1], killed, stop))
-    killer.start()
-    try:
-        done = P.run_until_idle(cfg)
-    finally:
-        stop.set()
-        killer.join()
-    assert killed, "no executor was killed"
-    assert "Lost task" in caplog.text, "Spark retried no task (the job's log says what was lost)"
-    assert done and all(b.state == "archived" for b in done)
-    assert _assert_exactly_once_in_order(cfg) > 100
-    _assert_topics_replay_to_the_model(cfg, segments[1].mutations)
