@@ -29,7 +29,7 @@ import pytest
 from cassandra import ConsistencyLevel
 from event_invariant import check_events
 from real_workload import (CDC_TABLES, KS, NOT_CDC_TABLE, Recorder, create_schema, phase_one, phase_three, phase_two,
-                           short_ttls, switch_segments)
+                           short_ttls, switch_segments, wait_for)
 from servers import consume_topic, get_local_spark_session
 from sstable_check import differences, select_cell_times, state_cell_times
 
@@ -527,7 +527,7 @@ def test_three_nodes_replica_copies_and_a_hinted_late_arrival(tmp_path, kafka_br
             session.execute(SimpleStatement(cql, consistency_level=ConsistencyLevel.ONE))
         restarted_at_ms = int(time.time() * 1000)
         cluster.start_node(3)
-        _wait("hint replay to node 3", lambda: not any(_hints_pending(cluster, i, 3) for i in (1, 2)), timeout=300,
+        wait_for("hint replay to node 3", lambda: not any(_hints_pending(cluster, i, 3) for i in (1, 2)), timeout=300,
               every=2.0)
         hints_s = time.monotonic() - t0
         ddl = describe(session, "r")

@@ -392,6 +392,11 @@ class LocalCassandra:
             "cassandra.jmx.local.port": str(n.jmx_port),
             **FAST_START_PROPS,
         }
+        if n.proc is not None and len(self.nodes) > 1:
+            # A restart first checks its address with a gossip "shadow round" that waits for a seed's answer for
+            # only about the ring delay: with the 1 s shortcut a node restarted on a 2-core machine gave up
+            # ("Unable to gossip with any peers") 3 s in, its seed busy. Cassandra's own 30 s bound it there.
+            props["cassandra.ring_delay_ms"] = "30000"
         return [self.java, f"-Xms{self.heap}", f"-Xmx{self.heap}", *GENERAL_SERVER_FLAGS, *JDK17_SERVER_FLAGS,
                 f"-javaagent:{self.jamm}", *[f"-D{k}={v}" for k, v in props.items()], *self.extra_jvm,
                 "-cp", self.classpath, "org.apache.cassandra.service.CassandraDaemon"]
