@@ -167,6 +167,7 @@ class TaskLoop(threading.Thread):
         self.proc = None
         self.started_at = 0.0
         self.runs = {"batch": 0, "empty": 0, "killed": 0, "failed": 0}
+        self.last_batch_s = 10.0                # how long the last run that processed a batch took
         self._n = 0
 
     def run(self) -> None:
@@ -191,6 +192,7 @@ class TaskLoop(threading.Thread):
                 self.stop_event.wait(2.0)       # nothing to do: the DAG's next run, a moment later
             else:
                 self.runs["batch"] += 1
+                self.last_batch_s = time.monotonic() - self.started_at
 
     def running_pid(self):
         p = self.proc
@@ -310,14 +312,15 @@ class Faults(threading.Thread):
         return f"Kafka pid {pid} SIGKILLed, started again on its data"
 
     def _task(self) -> str:
-        """SIGKILL the running task 1-10 s into a run that has segments to process (or a batch to resume); a run
-        that ends before is let go and the next one tried."""
+        """SIGKILL the running task 1-10 s into a run that has segments to process (or a batch to resume), and
+        before the end a run of the last one's length would reach (on a quiet machine a batch takes 3-5 s: a kill
+        10 s in never came); a run that ends before is let go and the next one tried."""
         tasks, soak = self.soak.tasks, self.soak
         for _ in range(120):
             pid = tasks.running_pid()
             waiting = len(soak.store.list(Layout.area_prefix(Layout.INCOMING, CLUSTER)))
             if pid is not None and waiting:
-                target = tasks.started_at + self.rng.uniform(1.0, 10.0)
+                target = tasks.started_at + self.rng.uniform(1.0, max(1.0, min(10.0, 0.8 * tasks.last_batch_s)))
                 time.sleep(max(0.0, target - time.monotonic()))
                 if tasks.running_pid() == pid:
                     with contextlib.suppress(ProcessLookupError):
