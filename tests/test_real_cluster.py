@@ -525,6 +525,10 @@ def test_three_nodes_replica_copies_and_a_hinted_late_arrival(tmp_path, kafka_br
         hinted += ["UPDATE r.t SET v = 'late on node 3' WHERE k = 0 AND c = 1", "DELETE FROM r.t WHERE k = 1 AND c = 3"]
         for cql in hinted:
             session.execute(SimpleStatement(cql, consistency_level=ConsistencyLevel.ONE))
+        # The hints reach the coordinators' disks within hints_flush_period (10 s): only then does "no pending hints"
+        # after the restart mean delivered, not "not written yet" (a CL ALL read before delivery repairs node 3 with
+        # mutations of other bytes: seen once in CI).
+        time.sleep(12)
         restarted_at_ms = int(time.time() * 1000)
         cluster.start_node(3)
         wait_for("hint replay to node 3", lambda: not any(_hints_pending(cluster, i, 3) for i in (1, 2)), timeout=300,
