@@ -216,6 +216,9 @@ def test_a_damaged_value_names_the_table_column_and_row(schema):
     short = _row(8, 1, st=coll(b"a", b"b"), st_t=(coll(i64(1)), coll(None)))
     with pytest.raises(ScanError, match="2 elements but 1 WRITETIME"):
         _records(scan, [short])
+    cut = _row(8, 1, u=udt(b"main")[:-1], u_t=(coll(i64(1)), coll(None)))      # a field's bytes cut short
+    with pytest.raises(ScanError, match=r"ks.t.u \(row 0 of cql:r/ks.t/0\): truncated UDT field: UDT field 0 needs 4"):
+        _records(scan, [cut])
 
 
 def test_scanned_rows_merge_into_read_events_of_the_rows_select_shows(schema):

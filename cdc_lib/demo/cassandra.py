@@ -140,6 +140,15 @@ class CassandraStartError(RuntimeError):
     """A node did not come up; the message carries the end of its logs."""
 
 
+class PortTakenError(CassandraStartError):
+    """Another process took one of the cluster's ports between choosing it and binding it (other jobs on the
+    machine start servers too): a first start tries again on other ports."""
+
+
+# What a node's log says when one of its ports was taken first.
+_PORT_TAKEN = ("Address already in use", "Port already in use")
+
+
 def even_tokens(n: int) -> list:
     """``num_tokens: 1`` tokens spread evenly over the Murmur3 ring."""
     return [MURMUR3_MIN + i * ((1 << 64) // n) for i in range(n)]
@@ -291,20 +300,26 @@ class LocalCassandra:
         self.classpath = jvm.classpath("cassandra")
         self.jamm = jvm.jar("cassandra", "jamm")
         addresses = [f"127.0.0.{i + 1}" for i in range(nodes)]
-        taken: set = set()
+        self.nodes = [Node(i + 1, address, self.base_dir / f"node{i + 1}", 0, token)
+                      for i, (address, token) in enumerate(zip(addresses, even_tokens(nodes)))]
+        self._choose_ports()
+        self.started_in: Optional[float] = None         # seconds for the whole cluster to answer CQL
+        self.respawned = 0
+        self.port_retries = 0                           # first starts begun again on other ports
+        self._driver = None
+        self._driver_lock = threading.Lock()
+
+    def _choose_ports(self, avoid: Iterable[int] = ()) -> None:
+        """Cassandra's standard ports where they are free (and not in ``avoid``), else ports the kernel gives."""
+        addresses = [n.address for n in self.nodes]
+        taken = set(avoid)
         self.native_port = _port_for(addresses, STANDARD_NATIVE_PORT, taken)
         taken.add(self.native_port)
         self.storage_port = _port_for(addresses, STANDARD_STORAGE_PORT, taken)
         taken.add(self.storage_port)
-        self.nodes = []
-        for i, (address, token) in enumerate(zip(addresses, even_tokens(nodes))):
-            jmx = _port_for(["127.0.0.1"], STANDARD_JMX_PORT + 100 * i, taken)
-            taken.add(jmx)
-            self.nodes.append(Node(i + 1, address, self.base_dir / f"node{i + 1}", jmx, token))
-        self.started_in: Optional[float] = None         # seconds for the whole cluster to answer CQL
-        self.respawned = 0
-        self._driver = None
-        self._driver_lock = threading.Lock()
+        for i, n in enumerate(self.nodes):
+            n.jmx_port = _port_for(["127.0.0.1"], STANDARD_JMX_PORT + 100 * i, taken)
+            taken.add(n.jmx_port)
 
     # -------------------------------------------------------------- info
     @property
@@ -405,13 +420,31 @@ class LocalCassandra:
     def start(self, timeout: float = 300.0) -> "LocalCassandra":
         """Write the configs afresh, start every node at once, wait until CQL answers on all of them.
 
-        On failure every node started is stopped and ``CassandraStartError`` carries the end of the logs.
+        On failure every node started is stopped and ``CassandraStartError`` carries the end of the logs. The first
+        start of a new cluster that lost one of its ports to another process starts afresh on other ports, up to
+        three times: the ports are chosen when the cluster is made, and bound only seconds later.
         """
+        fresh = self.started_in is None and not any((n.dir / "data").exists() for n in self.nodes)
+        for attempt in range(3):
+            try:
+                return self._start(timeout)
+            except PortTakenError:
+                if not fresh or attempt == 2:
+                    raise
+                self.port_retries += 1
+                for n in self.nodes:
+                    shutil.rmtree(n.dir, ignore_errors=True)
+                self._choose_ports(avoid=[STANDARD_NATIVE_PORT, STANDARD_STORAGE_PORT, self.native_port,
+                                          self.storage_port, *(STANDARD_JMX_PORT + 100 * i for i in range(9)),
+                                          *(n.jmx_port for n in self.nodes)])
+        raise AssertionError("unreachable")
+
+    def _start(self, timeout: float) -> "LocalCassandra":
         busy = [f"{a}:{p}" for n in self.nodes for a, p in ((n.address, self.native_port),
                                                              (n.address, self.storage_port),
                                                              ("127.0.0.1", n.jmx_port)) if _port_open(a, p, 0.2)]
         if busy:
-            raise CassandraStartError(f"ports in use (another Cassandra?): {', '.join(busy)}")
+            raise PortTakenError(f"ports in use (another Cassandra?): {', '.join(busy)}")
         self.write_config()
         t0 = time.monotonic()
         try:
@@ -458,9 +491,10 @@ class LocalCassandra:
                         time.sleep(1.0)
                         self._spawn(n)
                         continue
-                    raise CassandraStartError(f"node {n.index} ({n.address}) exited with status "
-                                              f"{n.proc.returncode if n.proc else '?'} before CQL was up\n"
-                                              f"{n.log_tail()}")
+                    tail = n.log_tail()
+                    error = PortTakenError if any(m in tail for m in _PORT_TAKEN) else CassandraStartError
+                    raise error(f"node {n.index} ({n.address}) exited with status "
+                                f"{n.proc.returncode if n.proc else '?'} before CQL was up\n{tail}")
                 if _port_open(n.address, self.native_port) and self._answers_as(n):
                     n.ready_after = time.monotonic() - n.started_at
                     del pending[n.index]
@@ -488,7 +522,7 @@ class LocalCassandra:
         finally:
             cluster.shutdown()
         if theirs != [str(n.commitlog)]:
-            raise CassandraStartError(f"another Cassandra answers on {n.address}:{self.native_port} (its commit log "
+            raise PortTakenError(f"another Cassandra answers on {n.address}:{self.native_port} (its commit log "
                                       f"is {theirs}, node {n.index}'s is {n.commitlog})\n{n.log_tail()}")
         return True
 

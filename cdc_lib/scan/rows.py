@@ -79,22 +79,31 @@ def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _elements(data: bytes, pairs: bool, what: str) -> list:
-    """The elements of a serialized collection (i32 count, then i32-length-prefixed values; maps: key, value)."""
-    count = _I32.unpack_from(data, 0)[0]
-    pos, out = 4, []
-    for i in range(count * (2 if pairs else 1)):
+def _length_prefixed(data: bytes, pos: int, count: Optional[int], what: str, kind: str) -> tuple[list, int]:
+    """``count`` i32-length-prefixed values from byte ``pos`` (as many as the bytes hold when ``count`` is None;
+    a negative length is a null), and the position after them."""
+    out: list = []
+    while (len(out) < count) if count is not None else (pos < len(data)):
         if pos + 4 > len(data):
-            raise ScanError(f"{what}: truncated collection: element {i} of {count} at byte {pos}")
+            raise ScanError(f"{what}: truncated {kind}: {kind} {len(out)} at byte {pos}")
         n = _I32.unpack_from(data, pos)[0]
         pos += 4
         if n < 0:
             out.append(None)
             continue
         if pos + n > len(data):
-            raise ScanError(f"{what}: truncated collection: element {i} needs {n} bytes at byte {pos}")
+            raise ScanError(f"{what}: truncated {kind}: {kind} {len(out)} needs {n} bytes at byte {pos}")
         out.append(data[pos:pos + n])
         pos += n
+    return out, pos
+
+
+def _elements(data: bytes, pairs: bool, what: str) -> list:
+    """The elements of a serialized collection (i32 count, then i32-length-prefixed values; maps: key, value)."""
+    if len(data) < 4:
+        raise ScanError(f"{what}: truncated collection: {len(data)} bytes, no element count")
+    count = _I32.unpack_from(data, 0)[0]
+    out, pos = _length_prefixed(data, 4, count * (2 if pairs else 1), what, "collection")
     if pos != len(data):
         raise ScanError(f"{what}: {len(data) - pos} bytes after the last of {count} elements")
     return out
@@ -102,18 +111,7 @@ def _elements(data: bytes, pairs: bool, what: str) -> list:
 
 def _fields(data: bytes, what: str) -> list:
     """The fields of a serialized UDT value (i32-length-prefixed, as many as the bytes hold)."""
-    pos, out = 0, []
-    while pos < len(data):
-        if pos + 4 > len(data):
-            raise ScanError(f"{what}: truncated UDT field {len(out)} at byte {pos}")
-        n = _I32.unpack_from(data, pos)[0]
-        pos += 4
-        if n < 0:
-            out.append(None)
-            continue
-        out.append(data[pos:pos + n])
-        pos += n
-    return out
+    return _length_prefixed(data, 0, None, what, "UDT field")[0]
 
 
 @dataclass(frozen=True)
