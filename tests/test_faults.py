@@ -17,8 +17,6 @@ import dataclasses
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -26,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, TopicPartition
+from forked_runs import killed_runs
 from servers import run_kafka_broker, run_s3_server
 
 from reference_model import json_table
@@ -38,7 +37,6 @@ from cdc_lib.settings import AgentConfig
 from cdc_lib.sinks.delta import read_outbox
 from cdc_lib.storage.layout import Layout
 
-REPO = Path(__file__).resolve().parents[1]
 NOW = START_US // 1_000_000 + 3600
 
 
@@ -178,20 +176,6 @@ KILL_PLAN = [
     ("claim:manifest_written", 1), ("publish:produced", 3),   # the next batch dies early, then mid-produce
 ]
 
-KILL_SCRIPT = """
-import json, os, sys
-sys.path.insert(0, {repo!r})
-from cdc_lib import pipeline as P
-cfg = P.PipelineConfig(**json.loads(sys.argv[1]))
-point, nth = sys.argv[2], int(sys.argv[3])
-seen = {{}}
-def fault(p):
-    seen[p] = seen.get(p, 0) + 1
-    if p == point and seen[p] == nth:
-        os._exit(9)          # the process dies here: no flush, no cleanup, no exception handler
-while not P.run_once(cfg, fault=fault).empty:
-    pass
-"""
 
 
 @pytest.mark.parametrize("transactions", [False, True], ids=["idempotent", "transactions"])
@@ -203,12 +187,11 @@ def test_pipeline_killed_at_every_fault_point_then_rerun_publishes_each_event_on
     assert {p.split(":")[0] for p, _ in KILL_PLAN} == {p.split(":")[0] for p in P.FAULT_POINTS}
     cfg = _config(tmp_path, s3_server, kafka_broker, s3_bucket, max_segments=3, kafka_transactions=transactions)
     assert _ship(_fresh_raw(segments, tmp_path), cfg, tmp_path / "agent") >= 6
-    cfg_json = json.dumps(dataclasses.asdict(cfg))
-    for point, nth in KILL_PLAN:
-        proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT.format(repo=str(REPO)), cfg_json, point, str(nth)],
-                              capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 9, f"{point} #{nth} never reached (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
-        _assert_nothing_archived_unpublished(cfg)
+    with killed_runs(tmp_path) as runs:
+        for point, nth in KILL_PLAN:
+            status, log = runs.run(dataclasses.asdict(cfg), point, nth)
+            assert status == 9, f"{point} #{nth} never reached (exit {status}):\n{log}"
+            _assert_nothing_archived_unpublished(cfg)
     done = P.run_until_idle(cfg)                       # the rerun: resumes the crashed batch, then the rest
     assert done
     store = P.open_store(cfg)
