@@ -251,12 +251,11 @@ def _unsigned(b: bytes) -> int:
     return int.from_bytes(b, "big", signed=False)
 
 
-def _read_elements(data: bytes) -> list:
-    """Elements of a frozen collection: int32 count, then int32 length + bytes per element (-1 = null)."""
-    n = struct.unpack_from(">i", data, 0)[0]
-    pos = 4
-    out = []
-    for _ in range(n):
+def _length_prefixed(data: bytes, pos: int, count: Optional[int]) -> list:
+    """``count`` int32-length-prefixed values from ``pos`` (up to the end when ``count`` is None); -1 is a null.
+    The values were validated when decoded: only comparisons read them here."""
+    out: list = []
+    while (len(out) < count) if count is not None else (pos < len(data)):
         ln = struct.unpack_from(">i", data, pos)[0]
         pos += 4
         if ln < 0:
@@ -265,21 +264,16 @@ def _read_elements(data: bytes) -> list:
             out.append(data[pos:pos + ln])
             pos += ln
     return out
+
+
+def _read_elements(data: bytes) -> list:
+    """Elements of a frozen collection: int32 count, then each element."""
+    return _length_prefixed(data, 4, struct.unpack_from(">i", data, 0)[0])
 
 
 def _read_fields(data: bytes) -> list:
-    """Components of a tuple or UDT value: int32 length + bytes each (-1 = null), up to the end."""
-    pos = 0
-    out = []
-    while pos < len(data):
-        ln = struct.unpack_from(">i", data, pos)[0]
-        pos += 4
-        if ln < 0:
-            out.append(None)
-        else:
-            out.append(data[pos:pos + ln])
-            pos += ln
-    return out
+    """Components of a tuple or UDT value, up to the end."""
+    return _length_prefixed(data, 0, None)
 
 
 def _timeuuid_key(b: bytes):
@@ -398,21 +392,9 @@ def _cmp_nullable(t, x, y) -> int:
 
 
 def _read_elements_map(data: bytes) -> list:
-    n = struct.unpack_from(">i", data, 0)[0]
-    pos = 4
-    out = []
-    for _ in range(n):
-        pair = []
-        for _ in range(2):
-            ln = struct.unpack_from(">i", data, pos)[0]
-            pos += 4
-            if ln < 0:
-                pair.append(None)
-            else:
-                pair.append(data[pos:pos + ln])
-                pos += ln
-        out.append(tuple(pair))
-    return out
+    """(key, value) pairs of a frozen map: int32 count, then key and value of each entry."""
+    flat = _length_prefixed(data, 4, 2 * struct.unpack_from(">i", data, 0)[0])
+    return list(zip(flat[::2], flat[1::2]))
 
 
 def compare_clustering(table, a: tuple, b: tuple) -> int:
