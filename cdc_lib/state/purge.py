@@ -8,8 +8,8 @@ applies the same rules to a ``PartitionState`` (``PurgeFunction``, ``Row.purge``
 
 * a partition deletion, range tombstone, row deletion, shadowable row deletion, collection (complex) deletion or
   cell tombstone goes once its local deletion time is ``< gc_before``;
-* an expired cell goes once its expiry is ``< gc_before``, or its expiry minus its TTL is (Cassandra turns an
-  expired cell into a tombstone dated when it was written, so the TTL counts towards the grace period); an
+* an expired cell goes once its expiry minus its TTL is ``< gc_before`` (Cassandra turns an expired cell into a
+  tombstone dated when it was written, so the TTL counts towards the grace period); an
   expired row marker (and the views' "expired liveness" marker) once its expiry is ``< gc_before``;
 * data the engine keeps under a deletion that can still be lifted goes with that deletion, as Cassandra's merges
   have already dropped it by then: the cells under a shadowable deletion no newer row marker lifted, and the
@@ -101,13 +101,17 @@ def _purge_row(row: RowState, now: int, gc_before: int, reflected_before: Option
 
 
 def _cell_purgeable(cell: tuple, gc_before: int, expired) -> bool:
-    """A cell tombstone older than ``gc_before``, or an expired cell (``AbstractCell.purge``)."""
+    """A cell tombstone older than ``gc_before``, or an expired cell written before it.
+
+    Cassandra 5.0's ``AbstractCell.purge`` (org.apache.cassandra.db.rows) purges an expired cell whose expiry is
+    before ``gc_before``, or else makes it ``BufferCell.tombstone(..., localDeletionTime() - ttl(), ...)`` and
+    purges that tombstone when *its* time is: expiry minus TTL, the moment it was written, the earlier of the two.
+    (Checked on a real node: ``test_real_cluster``'s expired-cell test.)
+    """
     ts, ttl, ldt, tomb, _ = cell
     if tomb:
         return ldt < gc_before
-    if not ttl or not expired(ldt):
-        return False
-    return ldt < gc_before or ldt - ttl < gc_before
+    return bool(ttl) and expired(ldt) and ldt - ttl < gc_before
 
 
 def oldest_deletion_time(record: dict) -> int:
