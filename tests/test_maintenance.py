@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 
+import prom_text
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
@@ -21,6 +23,7 @@ from reference_model import visible_table as model_table
 from cdc_lib import pipeline as P
 from cdc_lib.celllog.records import mutation_records, records_to_batch
 from cdc_lib.celllog.schema import decode_clustering
+from cdc_lib.cli.main import main as cli_main
 from cdc_lib.commitlog.model import NO_DELETION_TIME, Mutation
 from cdc_lib.demo.workload import SAMPLE_SCHEMA_CQL, START_US, Workload, sample_schema
 from cdc_lib.errors import ConfigError
@@ -145,7 +148,7 @@ def _pipeline_batches(cfg, n: int, step_s: int) -> list:
     return nows
 
 
-def test_maintenance_purges_trims_the_outbox_and_waits_for_a_half_written_batch(cfg):
+def test_maintenance_purges_trims_the_outbox_and_waits_for_a_half_written_batch(cfg, capsys):
     nows = _pipeline_batches(cfg, 4, 1800)          # half an hour apart; retention 1 h
     store = P.open_store(cfg)
     root = P.delta_root(cfg, store)
@@ -157,7 +160,7 @@ def test_maintenance_purges_trims_the_outbox_and_waits_for_a_half_written_batch(
     # batch 4 crashed after its outbox commit: it is 'claimed' again; its rerun must find the state it started from
     P.save_batch(store, dataclasses.replace(P.read_batch(store, P.batch_id_for(4)), state="claimed"))
     cfg.now = nows[-1] + 10
-    out = P.delta_upkeep(cfg)
+    out = skipped = P.delta_upkeep(cfg)
     assert out["purge_skipped"] == 1 and out["purge_examined_records"] == 0 and tombstones() == before
     # retention: batches processed more than an hour before, and archived; batch 4 is not archived
     assert [bool(list(read_outbox(root, P.batch_id_for(s)))) for s in range(1, 5)] == [False, False, True, True]
@@ -165,9 +168,31 @@ def test_maintenance_purges_trims_the_outbox_and_waits_for_a_half_written_batch(
     assert st.outbox_committed(4)                    # the app transactions stay
 
     P.save_batch(store, dataclasses.replace(P.read_batch(store, P.batch_id_for(4)), state="archived"))
+    records = read_state(root, "shop", "orders").num_rows
+    started = time.time()
     out = P.delta_upkeep(cfg)
     assert out["purge_skipped"] == 0 and out["purged_records"] > 0 and tombstones() == 0
     assert P.read_metrics(cfg)["last"]["maintenance"]["purged_records"] == out["purged_records"]
+
+    # what `cassandra-cdc metrics` (and /metrics of `cassandra-cdc status`) shows of the two runs, counted from the
+    # state table: every record that held a tombstone was read and either deleted or rewritten
+    assert cli_main(["metrics", "--store-url", cfg.store_url, "--cluster", "c1"]) == 0
+    m = prom_text.parse(capsys.readouterr().out)
+    orders = {"cluster": "c1", "keyspace": "shop", "table": "orders"}
+    deleted = records - read_state(root, "shop", "orders").num_rows
+    assert deleted > 0
+    assert prom_text.value(m, "cassandra_cdc_maintenance_purged_records_total", **orders, kind="deleted") == deleted
+    assert prom_text.value(m, "cassandra_cdc_maintenance_purged_records_total", **orders,
+                           kind="rewritten") == before - deleted
+    assert prom_text.value(m, "cassandra_cdc_maintenance_purge_examined_records_total", **orders) == before
+    assert prom_text.value(m, "cassandra_cdc_maintenance_purge_skipped_runs_total") == 1
+    assert prom_text.value(m, "cassandra_cdc_maintenance_last_purge_skipped") == 0
+    assert prom_text.value(m, "cassandra_cdc_step_duration_seconds_count", step="maintenance") == 2
+    assert started <= prom_text.value(m, "cassandra_cdc_last_run_timestamp_seconds", step="maintenance") + 1
+    assert prom_text.value(m, "cassandra_cdc_last_run_timestamp_seconds", step="maintenance") <= time.time()
+    assert prom_text.value(m, "cassandra_cdc_maintenance_last_duration_seconds") == out["duration_s"]
+    assert prom_text.value(m, "cassandra_cdc_maintenance_outbox_rows_deleted_total") == \
+        skipped["outbox_rows_deleted"] + out["outbox_rows_deleted"]
 
 
 def test_an_outbox_partitioned_by_batch_id_keeps_working_and_is_rewritten_once(cfg):
