@@ -263,16 +263,19 @@ DROP_TS = 5000
 
 
 def _write(table, k: int, c, ts: int, *, marker=False, v=None, s=None, m=None) -> Mutation:
-    """One statement's mutation: row (k, c) (c None: the static row) with the given values at ``ts`` (a map
-    replaced whole: its collection deletion at ``ts - 1``, as ``SET m = {...}`` writes it)."""
+    """One statement's mutation: row (k, c) (c None: the static row) with the given values at ``ts`` (``v=""``:
+    ``SET v = null``, a cell tombstone; a map replaced whole: its collection deletion at ``ts - 1``, as
+    ``SET m = {...}`` writes it)."""
     from cdc_lib.commitlog.model import Cell, DeletionTime, LivenessInfo, PartitionUpdate, Row
-    cells = [Cell(col, val.encode(), ts) for col, val in (("s", s), ("v", v)) if val is not None]
+    cells = [Cell(col, val.encode(), ts) if val else Cell(col, b"", ts, 0, NOW0, is_tombstone=True)
+             for col, val in (("s", s), ("v", v)) if val is not None]
     cells += [Cell("m", val.encode(), ts, path=key.encode()) for key, val in sorted((m or {}).items())]
     row = Row(() if c is None else (c.to_bytes(4, "big"),), liveness=LivenessInfo(ts) if marker else None,
               cells=cells, complex_deletions={"m": DeletionTime(ts - 1, NOW0)} if m else {}, is_static=c is None)
     update = PartitionUpdate(table.id, k.to_bytes(4, "big"), table=table,
                              static_row=row if c is None else None, unfiltereds=[] if c is None else [row])
-    return Mutation([update], "CommitLog-7-1.log", 1, 64 + ts, mutation_id=(ts * 10 + k).to_bytes(16, "big"))
+    key = (ts * 100 + k * 10 + (c or 0)).to_bytes(16, "big")          # one id per statement
+    return Mutation([update], "CommitLog-7-1.log", 1, 64 + ts, mutation_id=key)
 
 
 def _cql_rows(root, table) -> list:
@@ -285,8 +288,9 @@ def test_the_cells_of_a_dropped_column_are_purged_and_so_are_rows_only_they_kept
     """``ALTER TABLE ... DROP``: Cassandra skips the cells of the column written at or before the drop whenever it
     reads an SSTable, so compaction leaves them out, whatever gc_grace_seconds (default here). The purge removes
     them once (a whole-table pass the first time it sees the drop), and the records that only they kept: a row
-    that had no marker and only the column, a static row that had only the dropped static. ``SELECT *`` (the
-    state's view) is the same before and after; a column added back under the same name shows only newer cells."""
+    that had no marker and only the column, a static row that had only the dropped static. A row left with only
+    a tombstone stays, not visible. The state's view then shows what ``SELECT *`` shows; a column added back under
+    the same name shows only newer cells."""
     from cdc_lib.cql.schema_from_ddl import load_cql_schema
     before = load_cql_schema(DROPS_DDL)
     after = load_cql_schema(DROPS_DDL + f"ALTER TABLE drops.t DROP (s, m) USING TIMESTAMP {DROP_TS};")
@@ -302,20 +306,22 @@ def test_the_cells_of_a_dropped_column_are_purged_and_so_are_rows_only_they_kept
 
     batch(1, before, [_write(t0, 1, 1, 1000, marker=True, v="a", m={"x": "1"}),   # INSERT
                       _write(t0, 1, 2, 1000, m={"y": "2"}),                        # UPDATE of m only
+                      _write(t0, 3, 5, 1000, v="", m={"z": "5"}),                  # m, and v set to null
                       _write(t0, 2, None, 1000, s="static only")], NOW0)
     batch(2, after, [_write(t0, 1, 3, 2000, m={"w": "3"}),          # arrives after the drop, written before it
                      _write(t1, 1, 4, 6000, marker=True, v="b")], NOW0 + 10)
     dropped_cells = lambda: sorted((r["_cdc_partition_key"], r["_cdc_clustering"], c["column"])  # noqa: E731
                                    for r in read_state(str(tmp_path), "drops", "t").to_pylist()
                                    for c in r["_cdc_cells"] if c["column"] in ("s", "m"))
-    assert len(dropped_cells()) == 4
-    # SELECT * after the drop: k, c, v (rows 2 and 3 and partition 2 had only s or m). Partition 2, which no batch
-    # wrote since the drop, still has its static row in the view and its value in the Delta column s until then
+    assert len(dropped_cells()) == 5
+    # SELECT * after the drop: k, c, v (rows (1, 2), (1, 3), (3, 5) and partition 2 had only s or m, or a tombstone).
+    # Partitions 2 and 3, which no batch wrote since the drop, are still in the view, with their values in the Delta
+    # columns s and m
     cql = [(1, 1, "a"), (1, 4, "b")]
-    assert _cql_rows(tmp_path, t1) == cql + [(2, None, None)]
+    assert _cql_rows(tmp_path, t1) == cql + [(2, None, None), (3, 5, None)]
 
     counts = store.purge(t1, NOW0 + 20)
-    assert counts == {"examined": 5, "rewritten": 1, "deleted": 3}
+    assert counts == {"examined": 6, "rewritten": 2, "deleted": 3}
     assert dropped_cells() == [] and _cql_rows(tmp_path, t1) == cql
     state = read_state(str(tmp_path), "drops", "t")
     assert state["m"].null_count == state.num_rows and state["s"].null_count == state.num_rows

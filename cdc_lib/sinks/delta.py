@@ -88,7 +88,7 @@ from cdc_lib.errors import CdcError, SchemaError
 from cdc_lib.gcpause import gc_paused
 from cdc_lib.state.batch import process_cell_log
 from cdc_lib.state.events import partition_next_expiry
-from cdc_lib.state.purge import oldest_deletion_time, purge_partition
+from cdc_lib.state.purge import can_be_visible, holds_dropped_data, oldest_deletion_time, purge_partition
 from cdc_lib.state.reconcile import (STATE_SCHEMA, STATIC_KEY, PartitionState, _info, _typed_row,
                                      partition_from_records, partition_images, partition_to_records)
 from cdc_lib.storage.layout import Layout
@@ -612,10 +612,12 @@ class DeltaRsStateStore:
         """Remove from the table's state what Cassandra would purge at ``now`` under its ``gc_grace_seconds``
         (``state.purge``). A record left empty is deleted (a row kept only to remember its deletion); another one
         loses its purged parts. Its typed columns, ``_cdc_live`` and the batch columns stay as the last batch
-        wrote them, since nothing visible changes. Only records whose ``OLDEST_DELETION`` is old enough are read
-        (and those of a table from before that column, which the purge fills in), except after a column was dropped
-        (or left out by ``exclude_columns``): the first purge that sees the drop reads every record once, to remove
-        the column's cells (``state.purge``), and records the drop in the table's ``PURGED_DROPS_PROPERTY``.
+        wrote them, since nothing visible changes; except in a record that held cells of a dropped column: a
+        partition no batch wrote since the drop still shows them, so the purge nulls the dropped columns' typed
+        columns and, when nothing else could make the row visible, clears ``_cdc_live``. Only records whose
+        ``OLDEST_DELETION`` is old enough are read (and those of a table from before that column, which the purge
+        fills in), except after a column was dropped (or left out by ``exclude_columns``): the first purge that
+        sees the drop reads every record once, and records the drop in the table's ``PURGED_DROPS_PROPERTY``.
 
         Commits (one MERGE per ``chunk_rows`` changed records) carry no app transaction: a purge is not a batch.
         Returns {"examined": records read, "rewritten": records changed, "deleted": records removed}.
@@ -629,7 +631,7 @@ class DeltaRsStateStore:
         gc_before = now - table.gc_grace_seconds
         due = pc.field(OLDEST_DELETION) < gc_before
         names = [f.name for f in STATE_SCHEMA]
-        columns = [META_PREFIX + n for n in names] + ["_cdc_token", "_cdc_next_expiry", OLDEST_DELETION]
+        columns = [META_PREFIX + n for n in names] + ["_cdc_token", "_cdc_live", "_cdc_next_expiry", OLDEST_DELETION]
         drops = _info(table).drop_time
         purged_drops = json.loads((dt.metadata().configuration or {}).get(PURGED_DROPS_PROPERTY) or "{}")
         new_drop = any(purged_drops.get(c) != t for c, t in drops.items())
@@ -647,6 +649,7 @@ class DeltaRsStateStore:
                 for r in chunk.to_pylist():
                     out["examined"] += 1
                     rec = {n: r[META_PREFIX + n] for n in names}
+                    dropped = bool(drops) and holds_dropped_data(rec, drops)
                     part = partition_from_records([rec])
                     changed = purge_partition(table, part, now, reflected_before=r["_cdc_next_expiry"])
                     if not changed and r[OLDEST_DELETION] is not None:
@@ -659,6 +662,7 @@ class DeltaRsStateStore:
                         out["deleted"] += 1
                         continue
                     rows.append({**{META_PREFIX + k: v for k, v in left[0].items()}, **key,
+                                 "_cdc_live": r["_cdc_live"] and not (dropped and not can_be_visible(left[0])),
                                  OLDEST_DELETION: oldest_deletion_time(left[0], drops), DELETE_FLAG: False})
                     out["rewritten"] += changed
                     if len(rows) >= chunk_rows:
@@ -676,7 +680,7 @@ class DeltaRsStateStore:
         columns (which the Delta table keeps) are nulled in the records it rewrites, as a batch writes them."""
         from deltalake import CommitProperties
         dt = self._open(self.state_uri(table))
-        names = ["_cdc_token"] + [META_PREFIX + f.name for f in STATE_SCHEMA] + [OLDEST_DELETION]
+        names = ["_cdc_token"] + [META_PREFIX + f.name for f in STATE_SCHEMA] + ["_cdc_live", OLDEST_DELETION]
         target = pa.schema(dt.schema().to_arrow())
         gone = [n for n in table.dropped if n not in table.columns and n in target.names]
         source = pa.Table.from_pylist(rows, schema=pa.schema([META_SCHEMA.field(n) for n in names]

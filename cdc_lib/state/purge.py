@@ -157,7 +157,7 @@ def oldest_deletion_time(record: dict, drops: Optional[dict] = None) -> int:
     Nothing in the record can be purged before this time plus ``gc_grace_seconds``: a store keeps it per record so
     that a purge reads only the records that may have something to purge.
     """
-    if drops and _holds_dropped_data(record, drops):
+    if drops and holds_dropped_data(record, drops):
         return DROPPED_DATA
     times = [t for t in (record.get("deletion_ldt"), record.get("shadowable_ldt")) if t is not None]
     if record.get("liveness_ttl"):
@@ -172,8 +172,16 @@ def oldest_deletion_time(record: dict, drops: Optional[dict] = None) -> int:
     return min(times, default=NO_DELETION_TIME)
 
 
-def _holds_dropped_data(record: dict, drops: dict) -> bool:
+def holds_dropped_data(record: dict, drops: dict) -> bool:
+    """Whether a stored record holds a cell or collection deletion of a dropped column (``drops``: {column: drop
+    time, µs}) written at or before the drop."""
     for c in record.get("cells") or ():
         if c["column"] in drops and c["ts"] <= drops[c["column"]]:
             return True
     return any(d["column"] in drops and d["ts"] <= drops[d["column"]] for d in record.get("complex_deletions") or ())
+
+
+def can_be_visible(record: dict) -> bool:
+    """Whether anything in a stored record could make its row visible at some time: a row marker or a cell that is
+    not a tombstone."""
+    return record.get("liveness_ts") is not None or not all(c["tombstone"] for c in record.get("cells") or ())
