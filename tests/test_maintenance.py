@@ -331,3 +331,25 @@ def test_the_cells_of_a_dropped_column_are_purged_and_so_are_rows_only_they_kept
     batch(3, readded, [_write(t2, 1, 1, 7000, m={"x2": "new"})], NOW0 + 40)
     assert store.purge(t2, NOW0 + 50) == {"examined": 0, "rewritten": 0, "deleted": 0}
     assert _cql_rows(tmp_path, t2) == [(1, 1, "a", [("x2", "new")]), (1, 4, "b", None)]
+
+
+def test_the_cells_of_a_left_out_column_are_purged(tmp_path):
+    """A column left out by ``exclude_columns`` is a column dropped at the end of time: a state table written
+    before the rule (or a cell the rule hid on arrival) loses its cells at the next purge, so no state table keeps
+    a value of it."""
+    from cdc_lib.cql.capture import CaptureRules
+    from cdc_lib.cql.schema_from_ddl import load_cql_schema
+    full = load_cql_schema(DROPS_DDL)
+    ruled = CaptureRules(exclude_columns=("drops.t.v",)).apply(full)
+    t0, t1 = full.by_name("drops", "t"), ruled.by_name("drops", "t")
+    store = DeltaRsStateStore(str(tmp_path))
+    for seq, (schema, table, c) in enumerate([(full, t0, 1), (ruled, t1, 2)], 1):
+        recs = mutation_records(_write(table, 1, c, 1000 + seq, marker=True, v=f"secret {c}"), 0)
+        run_store_batch(store, schema, [records_to_batch(recs)], batch_id=P.batch_id_for(seq), batch_seq=seq,
+                        now=NOW0 + seq, prev_now=None)
+    values = lambda: sorted(c["value"] for r in read_state(str(tmp_path), "drops", "t").to_pylist()  # noqa: E731
+                            for c in r["_cdc_cells"] if c["column"] == "v")
+    assert values() == [b"secret 1", b"secret 2"]         # partition 1 written whole under the rule: kept, hidden
+    assert store.purge(t1, NOW0 + 10) == {"examined": 2, "rewritten": 2, "deleted": 0}
+    assert values() == [] and _cql_rows(tmp_path, t1) == [(1, 1, None, None), (1, 2, None, None)]
+    assert read_state(str(tmp_path), "drops", "t")["v"].null_count == 2
