@@ -3,7 +3,9 @@
 The purge is checked against the reference model (which keeps every tombstone and knows nothing of purging): a
 purge must change no row and no event, so the state after it, and every event published after it, still equal the
 model's. Its one visible consequence, a late write that resurrects, is checked in ``late_write`` (and against a
-real Cassandra node in ``test_real_cluster``).
+real Cassandra node in ``test_real_cluster``, as is the TTL rule). The cells of dropped and left-out columns are
+purged whatever gc_grace_seconds, the maintenance counters reach ``cassandra-cdc metrics`` (checked with the strict
+``prom_text`` reader against counts taken from the state table).
 """
 from __future__ import annotations
 
