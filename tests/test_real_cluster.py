@@ -249,6 +249,45 @@ def test_a_write_older_than_a_purged_tombstone_comes_back_as_in_the_engine(real_
     assert engine["gc0"][1] == ["c"] and engine["keep"][1] == []      # the row came back: an insert event
 
 
+def test_an_expired_cell_is_purged_when_its_write_time_is_past_the_grace_period_as_in_the_engine(real_cassandra,
+                                                                                                  tmp_path):
+    """The grace period of an expired TTL cell counts from its write, not its expiry (``late_write``): a compaction
+    two seconds after a ``TTL 2`` write purges it under ``gc_grace_seconds = 1`` (expiry plus grace is still a
+    second ahead) and keeps it under 60; the engine's purge at the same moment decides the same, so a late write
+    older than the cell comes back in the first table only. (Before the scenario tests, which drain the node.)"""
+    session = real_cassandra.session()
+    session.execute(late_write.CREATE[0].replace("CREATE KEYSPACE", "CREATE KEYSPACE IF NOT EXISTS"))
+    for statement in late_write.TTL_CREATE:
+        session.execute(statement)
+    # one batch: both cells get the same local time (a batch reads the clock once), which must be known to the
+    # second; a batch that straddles a second boundary is written again (same timestamp: the later expiry wins)
+    batch = "BEGIN UNLOGGED BATCH " + "; ".join(late_write.TTL_WRITE.format(table=t) for t in late_write.TTL_TABLES) \
+        + "; APPLY BATCH"
+    for _ in range(5):
+        time.sleep(0 if time.time() % 1 < 0.5 else 1.02 - time.time() % 1)
+        before = time.time()
+        session.execute(batch)
+        if int(time.time()) == int(before):
+            break
+    else:
+        pytest.fail("five TTL batches in a row took the best part of a second")
+    written_at = int(before)
+    real_cassandra.nodetool(1, "flush", "purge")
+    # expired from written_at + TTL on; the rule under test purges it from then on (grace 1 s counted from the
+    # write), expiry plus grace only from written_at + 4: the compaction's clock is read after it starts
+    time.sleep(max(0.0, written_at + late_write.TTL_S + 0.02 - time.time()))
+    compact_started = int(time.time())
+    real_cassandra.nodetool(1, "compact", "purge")
+    for table in late_write.TTL_TABLES:
+        session.execute(late_write.TTL_LATE.format(table=table))
+    cassandra = {table: sorted((r.k, r.v) for r in session.execute(f"SELECT k, v FROM purge.{table}"))
+                 for table in late_write.TTL_TABLES}
+    assert cassandra == {"ttl_grace1": [(1, "late")], "ttl_grace60": []}
+    # the purge at the moment the compaction started: its clock was read at that moment or a little later, and
+    # both tables' fates are the same at every such moment under Cassandra's rule
+    assert late_write.ttl_engine_rows(tmp_path, written_at, compact_started) == cassandra
+
+
 def test_delta_state_equals_select_star(scenario):
     """For every CDC table, the Delta state WHERE _cdc_live equals SELECT * at CL ALL, value for value."""
     out = Comparison()

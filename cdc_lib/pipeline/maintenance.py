@@ -33,6 +33,8 @@ from .resources import delta_root, load_schema, open_store
 
 log = logging.getLogger("cassandra_cdc.pipeline")
 
+MAINTENANCE = "maintenance"        # the step name of delta_upkeep's counters in checkpoints/metrics.json
+
 
 def request_sweep(config: PipelineConfig) -> dict:
     """Ask the next ``cassandra_cdc`` run to sweep TTL expiries even without new segments (maintenance DAG).
@@ -80,7 +82,7 @@ def delta_upkeep(config: PipelineConfig) -> dict:
                              vacuum_retention_hours=config.vacuum_retention_hours)
     out["purge_skipped"] = int(bool(half_written))
     out["duration_s"] = round(time.monotonic() - t0, 3)
-    record_metrics(store, "maintenance", out)
+    record_metrics(store, MAINTENANCE, out)
     return out
 
 
@@ -88,11 +90,12 @@ def maintain_delta(st, schema, state_tables: list, now: int, *, purge: bool = Tr
                    vacuum_retention_hours: int = 168) -> dict:
     """The Delta work of ``delta_upkeep`` (the caller holds the writer lock): purge the state tables ``state_tables``
     (``<keyspace>.<table>``) at ``now`` when ``purge``, delete the outbox rows of batches up to ``outbox_through``,
-    compact and vacuum every table. ``st``: a ``sinks.delta.DeltaRsStateStore``. Returns the counters."""
+    compact and vacuum every table. ``st``: a ``sinks.delta.DeltaRsStateStore``. Returns the counters, the purge's
+    also per table (``purge_by_table``: {``<keyspace>.<table>``: {"deleted", "rewritten", "examined"}})."""
     from cdc_lib.sinks.delta import state_table_uri
     out = {"tables": 0, "purged_records": 0, "purge_rewritten_records": 0, "purge_examined_records": 0,
            "outbox_rows_deleted": 0, "outbox_rows_repartitioned": 0, "files_added": 0, "files_removed": 0,
-           "vacuumed": 0}
+           "vacuumed": 0, "purge_by_table": {}}
     uris = []
     for name in state_tables:
         keyspace, _, table_name = name.partition(".")
@@ -102,6 +105,7 @@ def maintain_delta(st, schema, state_tables: list, now: int, *, purge: bool = Tr
             log.info("maintenance: %s is not in the schema (dropped, or left out): not purged", name)
         elif purge:
             counts = st.purge(table, now)
+            out["purge_by_table"][name] = counts
             out["purged_records"] += counts["deleted"]
             out["purge_rewritten_records"] += counts["rewritten"]
             out["purge_examined_records"] += counts["examined"]

@@ -13,6 +13,7 @@ from cdc_lib.metrics import Exposition, quantile
 from cdc_lib.storage.objects import ObjectStore
 
 from .batches import METRICS_KEY, batch_id_for, read_batch, read_pointer
+from .maintenance import MAINTENANCE
 
 STEPS = ("claim", "transform", "publish", "archive")
 
@@ -35,8 +36,8 @@ def pipeline_exposition(m: dict, cluster: str) -> str:
     e.histogram("lag_seconds", "from a segment's arrival in the store to its events in Kafka (the pipeline's own "
                                "part of end_to_end_lag_seconds)",
                 hists.get("lag_seconds"), c)
-    for step in STEPS:
-        e.histogram("step_duration_seconds", "duration of a pipeline step per batch",
+    for step in STEPS + (MAINTENANCE,):
+        e.histogram("step_duration_seconds", "duration of a pipeline step per batch (maintenance: per run)",
                     hists.get(f"step_duration_seconds.{step}"), {**c, "step": step})
     for table, ops in sorted((totals.get("publish.by_table_op") or {}).items()):
         keyspace, _, name = table.partition(".")
@@ -58,11 +59,38 @@ def pipeline_exposition(m: dict, cluster: str) -> str:
     e.gauge("last_batch_seq", "sequence number of the last claimed batch", claim.get("batch_seq"), c)
     e.gauge("seconds_since_last_arrival", "seconds without a new segment for this cluster (at the last claim)",
             claim.get("quiet_s"), c)
-    for step in STEPS:
+    for step in STEPS + (MAINTENANCE,):
         if step in last:
             e.gauge("last_run_timestamp_seconds", "when the step last finished (unix time)", last[step].get("at"),
                     {**c, "step": step})
+    _maintenance(e, totals, last.get(MAINTENANCE), c)
     return e.text()
+
+
+def _maintenance(e: Exposition, totals: dict, last: dict | None, c: dict) -> None:
+    """The maintenance DAG's counters (``pipeline.maintenance.delta_upkeep``), summed over its runs."""
+    if last is None:
+        return                      # never ran: no family rather than zeros that look like a run
+    for table, counts in sorted((totals.get(f"{MAINTENANCE}.purge_by_table") or {}).items()):
+        keyspace, _, name = table.partition(".")
+        labels = {**c, "keyspace": keyspace, "table": name}
+        for kind in ("deleted", "rewritten"):
+            e.counter("maintenance_purged_records", "state-table records the tombstone purge deleted (nothing was "
+                                                    "left) or rewrote (they lost purged parts), per table",
+                      counts.get(kind, 0), {**labels, "kind": kind})
+        e.counter("maintenance_purge_examined_records", "state-table records the purge read, per table",
+                  counts.get("examined", 0), labels)
+    e.counter("maintenance_purge_skipped_runs", "maintenance runs that skipped the purge (a batch was half-written)",
+              totals.get(f"{MAINTENANCE}.purge_skipped", 0), c)
+    e.gauge("maintenance_last_purge_skipped", "1 when the last maintenance run skipped the purge, else 0",
+            last.get("purge_skipped"), c)
+    e.gauge("maintenance_last_duration_seconds", "duration of the last maintenance run", last.get("duration_s"), c)
+    e.counter("maintenance_outbox_rows_deleted", "outbox rows deleted by the retention",
+              totals.get(f"{MAINTENANCE}.outbox_rows_deleted", 0), c)
+    e.counter("maintenance_files_compacted", "small files that compaction merged (removed), all Delta tables",
+              totals.get(f"{MAINTENANCE}.files_removed", 0), c)
+    e.counter("maintenance_files_vacuumed", "unused files that vacuum deleted, all Delta tables",
+              totals.get(f"{MAINTENANCE}.vacuumed", 0), c)
 
 
 def status_data(store: ObjectStore, cluster: str, last_batches: int = 50) -> dict:

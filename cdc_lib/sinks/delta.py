@@ -88,7 +88,7 @@ from cdc_lib.errors import CdcError, SchemaError
 from cdc_lib.gcpause import gc_paused
 from cdc_lib.state.batch import process_cell_log
 from cdc_lib.state.events import partition_next_expiry
-from cdc_lib.state.purge import oldest_deletion_time, purge_partition
+from cdc_lib.state.purge import can_be_visible, holds_dropped_data, oldest_deletion_time, purge_partition
 from cdc_lib.state.reconcile import (STATE_SCHEMA, STATIC_KEY, PartitionState, _info, _typed_row,
                                      partition_from_records, partition_images, partition_to_records)
 from cdc_lib.storage.layout import Layout
@@ -244,6 +244,9 @@ _EXTRA_META = [
 # Columns Delta keeps file statistics of (min/max per file): what reads and purges filter on.
 STATS_PROPERTY = "delta.dataSkippingStatsColumns"
 STATS_COLUMNS = ("_cdc_token", "_cdc_next_expiry", "_cdc_updated_batch", OLDEST_DELETION)
+# Table property: the drops ({column: drop time, µs}) whose data a purge has removed from every record. A drop not
+# in it yet makes the next purge read the whole table once: records written before the drop say nothing of it.
+PURGED_DROPS_PROPERTY = "cassandra_cdc.purgedDrops"
 META_FIELDS = [pa.field(META_PREFIX + f.name, _nullable(f.type)) for f in STATE_SCHEMA] + _EXTRA_META
 META_COLUMNS = [f.name for f in META_FIELDS]
 MERGE_KEY = ("_cdc_token", "_cdc_partition_key", "_cdc_row_kind", "_cdc_clustering")
@@ -314,7 +317,7 @@ def partition_rows(table, partition_key: bytes, part: PartitionState, now: int, 
         row["_cdc_live"] = live
         row["_cdc_next_expiry"] = next_expiry
         row["_cdc_updated_batch"] = batch_seq
-        row[OLDEST_DELETION] = oldest_deletion_time(rec)
+        row[OLDEST_DELETION] = oldest_deletion_time(rec, info.drop_time)
         out.append(row)
     return out
 
@@ -609,8 +612,12 @@ class DeltaRsStateStore:
         """Remove from the table's state what Cassandra would purge at ``now`` under its ``gc_grace_seconds``
         (``state.purge``). A record left empty is deleted (a row kept only to remember its deletion); another one
         loses its purged parts. Its typed columns, ``_cdc_live`` and the batch columns stay as the last batch
-        wrote them, since nothing visible changes. Only records whose ``OLDEST_DELETION`` is old enough are read
-        (and those of a table from before that column, which the purge fills in).
+        wrote them, since nothing visible changes; except in a record that held cells of a dropped column: a
+        partition no batch wrote since the drop still shows them, so the purge nulls the dropped columns' typed
+        columns and, when nothing else could make the row visible, clears ``_cdc_live``. Only records whose
+        ``OLDEST_DELETION`` is old enough are read (and those of a table from before that column, which the purge
+        fills in), except after a column was dropped (or left out by ``exclude_columns``): the first purge that
+        sees the drop reads every record once, and records the drop in the table's ``PURGED_DROPS_PROPERTY``.
 
         Commits (one MERGE per ``chunk_rows`` changed records) carry no app transaction: a purge is not a batch.
         Returns {"examined": records read, "rewritten": records changed, "deleted": records removed}.
@@ -624,21 +631,25 @@ class DeltaRsStateStore:
         gc_before = now - table.gc_grace_seconds
         due = pc.field(OLDEST_DELETION) < gc_before
         names = [f.name for f in STATE_SCHEMA]
-        columns = [META_PREFIX + n for n in names] + ["_cdc_token", "_cdc_next_expiry", OLDEST_DELETION]
+        columns = [META_PREFIX + n for n in names] + ["_cdc_token", "_cdc_live", "_cdc_next_expiry", OLDEST_DELETION]
+        drops = _info(table).drop_time
+        purged_drops = json.loads((dt.metadata().configuration or {}).get(PURGED_DROPS_PROPERTY) or "{}")
+        new_drop = any(purged_drops.get(c) != t for c, t in drops.items())
         # Files whose records all have OLDEST_DELETION are skipped by their statistics. Records without it (a
         # table from before the column) must all be read: deltalake 1.6 also skips a file that has no statistics
         # of a column added later, whatever the filter, so those tables are read whole and filtered here.
         known = _oldest_deletion_known(dt)
-        scan = dt.to_pyarrow_dataset().to_batches(columns=columns, filter=due if known else None)
+        scan = dt.to_pyarrow_dataset().to_batches(columns=columns, filter=due if known and not new_drop else None)
         rows: list = []
         with gc_paused():
             for chunk in scan:
-                if not known:
+                if not known and not new_drop:
                     chunk = chunk.filter(pc.or_kleene(pc.less(chunk[OLDEST_DELETION], gc_before),
                                                       pc.is_null(chunk[OLDEST_DELETION])))
                 for r in chunk.to_pylist():
                     out["examined"] += 1
                     rec = {n: r[META_PREFIX + n] for n in names}
+                    dropped = bool(drops) and holds_dropped_data(rec, drops)
                     part = partition_from_records([rec])
                     changed = purge_partition(table, part, now, reflected_before=r["_cdc_next_expiry"])
                     if not changed and r[OLDEST_DELETION] is not None:
@@ -651,21 +662,27 @@ class DeltaRsStateStore:
                         out["deleted"] += 1
                         continue
                     rows.append({**{META_PREFIX + k: v for k, v in left[0].items()}, **key,
-                                 OLDEST_DELETION: oldest_deletion_time(left[0]), DELETE_FLAG: False})
+                                 "_cdc_live": r["_cdc_live"] and not (dropped and not can_be_visible(left[0])),
+                                 OLDEST_DELETION: oldest_deletion_time(left[0], drops), DELETE_FLAG: False})
                     out["rewritten"] += changed
                     if len(rows) >= chunk_rows:
                         self._merge_purged(table, rows)
                         rows = []
         if rows:
             self._merge_purged(table, rows)
+        if new_drop:
+            self._open(self.state_uri(table)).alter.set_table_properties(
+                {PURGED_DROPS_PROPERTY: json.dumps(drops, sort_keys=True)}, raise_if_not_exists=False)
         return out
 
     def _merge_purged(self, table, rows: list) -> None:
-        """One MERGE of purged records (``purge``) into the table's latest version."""
+        """One MERGE of purged records (``purge``) into the table's latest version. The typed columns of dropped
+        columns (which the Delta table keeps) are nulled in the records it rewrites, as a batch writes them."""
         from deltalake import CommitProperties
         dt = self._open(self.state_uri(table))
-        names = ["_cdc_token"] + [META_PREFIX + f.name for f in STATE_SCHEMA] + [OLDEST_DELETION]
+        names = ["_cdc_token"] + [META_PREFIX + f.name for f in STATE_SCHEMA] + ["_cdc_live", OLDEST_DELETION]
         target = pa.schema(dt.schema().to_arrow())
+        gone = [n for n in table.dropped if n not in table.columns and n in target.names]
         source = pa.Table.from_pylist(rows, schema=pa.schema([META_SCHEMA.field(n) for n in names]
                                                              + [pa.field(DELETE_FLAG, pa.bool_())]))
         reader = _aligned_reader(source, source.schema, pa.schema([target.field(n) for n in names]))
@@ -673,7 +690,7 @@ class DeltaRsStateStore:
         (dt.merge(reader, pred, source_alias="s", target_alias="t",
                   commit_properties=CommitProperties(custom_metadata={"cdc.maintenance": "purge"}))
            .when_matched_delete(f"s.{DELETE_FLAG}")
-           .when_matched_update({_quote(n): f"s.{_quote(n)}" for n in names})
+           .when_matched_update({**{_quote(n): f"s.{_quote(n)}" for n in names}, **{_quote(n): "NULL" for n in gone}})
            .execute())
 
     def compact_and_vacuum(self, uri: str, vacuum_retention_hours: int) -> Optional[dict]:

@@ -8,12 +8,17 @@ applies the same rules to a ``PartitionState`` (``PurgeFunction``, ``Row.purge``
 
 * a partition deletion, range tombstone, row deletion, shadowable row deletion, collection (complex) deletion or
   cell tombstone goes once its local deletion time is ``< gc_before``;
-* an expired cell goes once its expiry is ``< gc_before``, or its expiry minus its TTL is (Cassandra turns an
-  expired cell into a tombstone dated when it was written, so the TTL counts towards the grace period); an
+* an expired cell goes once its expiry minus its TTL is ``< gc_before`` (Cassandra turns an expired cell into a
+  tombstone dated when it was written, so the TTL counts towards the grace period); an
   expired row marker (and the views' "expired liveness" marker) once its expiry is ``< gc_before``;
 * data the engine keeps under a deletion that can still be lifted goes with that deletion, as Cassandra's merges
   have already dropped it by then: the cells under a shadowable deletion no newer row marker lifted, and the
   shards of a counter whose tombstone goes (a counter tombstone hides every shard).
+* the cells and collection deletions of a dropped column written at or before the drop
+  (``TableMetadata.dropped``) go at once, whatever ``gc_grace_seconds``: Cassandra 5.0 leaves them out whenever it
+  reads an SSTable (``UnfilteredSerializer.readSimpleColumn``/``readComplexColumn`` through
+  ``DeserializationHelper.isDropped``/``isDroppedComplexDeletion``), so its next compaction does not write them;
+  a row that only they kept goes with them (``SELECT *`` shows no such row: no marker, no live cell).
 
 What is purged was invisible (a tombstone shows nothing; everything a deletion covers is already gone, see
 ``state.reconcile``), so a purge changes no visible row and emits no event. The consequence is Cassandra's own: a
@@ -41,7 +46,8 @@ def purge_partition(table, part: PartitionState, now: int, *, reflected_before: 
     was dropped.
     """
     gc_before = now - table.gc_grace_seconds
-    counters = _info(table).counter
+    info = _info(table)
+    counters, drops = info.counter, info.drop_time
     changed = False
     if part.deletion is not None and part.deletion[1] < gc_before:
         part.deletion = None
@@ -50,19 +56,20 @@ def purge_partition(table, part: PartitionState, now: int, *, reflected_before: 
     for rk in gone:
         del part.range_tombstones[rk]
     changed = bool(gone) or changed
-    if _purge_row(part.static, now, gc_before, reflected_before, counters):
+    if _purge_row(part.static, now, gc_before, reflected_before, counters, drops):
         changed = True
     for ck in list(part.rows):
         row = part.rows[ck]
-        if _purge_row(row, now, gc_before, reflected_before, counters):
+        if _purge_row(row, now, gc_before, reflected_before, counters, drops):
             changed = True
             if row.is_empty():
                 del part.rows[ck]
     return changed
 
 
-def _purge_row(row: RowState, now: int, gc_before: int, reflected_before: Optional[int], counters) -> bool:
-    changed = False
+def _purge_row(row: RowState, now: int, gc_before: int, reflected_before: Optional[int], counters,
+               drops: dict) -> bool:
+    changed = bool(drops) and _purge_dropped(row, drops)
 
     def expired(expiry: int) -> bool:
         return now >= expiry and (reflected_before is None or expiry < reflected_before)
@@ -100,24 +107,58 @@ def _purge_row(row: RowState, now: int, gc_before: int, reflected_before: Option
     return changed
 
 
+def _purge_dropped(row: RowState, drops: dict) -> bool:
+    """Drop the cells and collection deletions of dropped columns (``drops``: {column: drop time, µs}) written at or
+    before the drop (``DeserializationHelper.isDropped``: ``cell.timestamp() <= droppedTime``)."""
+    changed = False
+    for col in [c for c, cell in row.cells.items() if c in drops and cell[0] <= drops[c]]:
+        del row.cells[col]
+        changed = True
+    for col in [c for c in row.complex if c in drops]:
+        dropped_at = drops[col]
+        entry = row.complex[col]
+        if entry[0] is not None and entry[0][0] <= dropped_at:
+            entry[0] = None
+            changed = True
+        gone = [p for p, cell in entry[1].items() if cell[0] <= dropped_at]
+        for p in gone:
+            del entry[1][p]
+        changed = bool(gone) or changed
+        if entry[0] is None and not entry[1]:
+            del row.complex[col]
+    return changed
+
+
 def _cell_purgeable(cell: tuple, gc_before: int, expired) -> bool:
-    """A cell tombstone older than ``gc_before``, or an expired cell (``AbstractCell.purge``)."""
+    """A cell tombstone older than ``gc_before``, or an expired cell written before it.
+
+    Cassandra 5.0's ``AbstractCell.purge`` (org.apache.cassandra.db.rows) purges an expired cell whose expiry is
+    before ``gc_before``, or else makes it ``BufferCell.tombstone(..., localDeletionTime() - ttl(), ...)`` and
+    purges that tombstone when *its* time is: expiry minus TTL, the moment it was written, the earlier of the two.
+    (Checked on a real node: ``test_real_cluster``'s expired-cell test.)
+    """
     ts, ttl, ldt, tomb, _ = cell
     if tomb:
         return ldt < gc_before
-    if not ttl or not expired(ldt):
-        return False
-    return ldt < gc_before or ldt - ttl < gc_before
+    return bool(ttl) and expired(ldt) and ldt - ttl < gc_before
 
 
-def oldest_deletion_time(record: dict) -> int:
+#: ``oldest_deletion_time`` of a record holding data of a dropped column: purgeable at any time.
+DROPPED_DATA = 0
+
+
+def oldest_deletion_time(record: dict, drops: Optional[dict] = None) -> int:
     """The earliest time (s) from which ``gc_grace_seconds`` counts for anything in one stored record
     (``state.reconcile.STATE_SCHEMA`` fields): a deletion's or tombstone's local deletion time, an expiring row
-    marker's expiry, an expiring cell's expiry minus its TTL; ``NO_DELETION_TIME`` when the record has none.
+    marker's expiry, an expiring cell's expiry minus its TTL; ``NO_DELETION_TIME`` when the record has none, and
+    ``DROPPED_DATA`` when it holds a cell or collection deletion that a drop in ``drops`` ({column: drop time,
+    µs}: ``TableMetadata.dropped``) hides.
 
     Nothing in the record can be purged before this time plus ``gc_grace_seconds``: a store keeps it per record so
     that a purge reads only the records that may have something to purge.
     """
+    if drops and holds_dropped_data(record, drops):
+        return DROPPED_DATA
     times = [t for t in (record.get("deletion_ldt"), record.get("shadowable_ldt")) if t is not None]
     if record.get("liveness_ttl"):
         times.append(record["liveness_ldt"])
@@ -129,3 +170,18 @@ def oldest_deletion_time(record: dict) -> int:
     times += [d["ldt"] for d in record.get("complex_deletions") or ()]
     times += [rt["ldt"] for rt in record.get("range_tombstones") or ()]
     return min(times, default=NO_DELETION_TIME)
+
+
+def holds_dropped_data(record: dict, drops: dict) -> bool:
+    """Whether a stored record holds a cell or collection deletion of a dropped column (``drops``: {column: drop
+    time, µs}) written at or before the drop."""
+    for c in record.get("cells") or ():
+        if c["column"] in drops and c["ts"] <= drops[c["column"]]:
+            return True
+    return any(d["column"] in drops and d["ts"] <= drops[d["column"]] for d in record.get("complex_deletions") or ())
+
+
+def can_be_visible(record: dict) -> bool:
+    """Whether anything in a stored record could make its row visible at some time: a row marker or a cell that is
+    not a tombstone."""
+    return record.get("liveness_ts") is not None or not all(c["tombstone"] for c in record.get("cells") or ())
