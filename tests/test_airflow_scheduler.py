@@ -9,7 +9,9 @@ the next scheduled runs perform. Checked: every run succeeded; each event is in 
 hold what the batch manifests say was published; replayed in order, the events give what the reference model says
 Cassandra shows at the last batch's processing time; the transform tasks' logs hold no error-level line and no
 loopback warning, and start with the step's summary; nothing was written to the scheduler's working directory.
-The test prints the run table (run, state, seconds per task).
+Last, a run whose spark-submit job fails (the Variable sets a driver memory the JVM refuses): the transform's task
+log, as Airflow stored it, holds the job's output lines and the error with their tail. The test prints the run
+table (run, state, seconds per task).
 """
 from __future__ import annotations
 

@@ -5,8 +5,10 @@ transactions. The executors open the segments from the store themselves (there i
 store is S3) and write the Delta tables with delta-spark. The pipeline killed while its job is between Delta commits
 (its job dies with it), then rerun, losing an executor mid-task that Spark replaces: no Delta table is written
 twice, each event is published once. (One scenario, so that the module runs the cluster job twice, not three
-times: each run costs minutes on the 2-core CI machine.) A job that fails (here on a local master) says why in
-the error and the task log."""
+times: each run costs minutes on the 2-core CI machine.) On a local master, submitted the same way: a job that
+fails says why in the error and the task log; S3 frozen while the job MERGEs fails it within s3a's and delta-rs's
+timeouts (``s3_timeout_s``), and the retry publishes each event once; a job that hangs is stopped after
+``spark_submit_timeout_s``."""
 from __future__ import annotations
 
 import dataclasses
