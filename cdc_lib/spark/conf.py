@@ -81,9 +81,9 @@ S3_TIMEOUT_PROPERTY = "spark.cassandra_cdc.s3_timeout_s"
 def s3a_timeouts(timeout_s: float) -> dict:
     """``fs.s3a.*`` settings that give up on a store that stopped answering the way ``PipelineConfig.delta_options``
     does for delta-rs: one request after ``timeout_s`` (at least ``S3A_TIMEOUT_FLOOR_S``; connecting after at most
-    5 s of it), one operation after two requests (a batch that fails is retried whole by the next run). s3a's own defaults wait 200 s for a read, 60 s per
-    request, and retry a request 7 times with growing pauses on top of 5 SDK attempts: minutes per operation,
-    each Spark task attempt again."""
+    5 s of it), one operation after two requests (a batch that fails is retried whole by the next run). s3a's own
+    defaults wait 200 s for a read, 60 s per request, and retry an operation 7 times with growing pauses on top of
+    5 SDK attempts: minutes per operation, and again for each Spark task attempt."""
     ms = lambda s: f"{int(max(s, S3A_TIMEOUT_FLOOR_S) * 1000)}ms"  # noqa: E731
     return {
         "fs.s3a.connection.establish.timeout": ms(min(5.0, timeout_s)),

@@ -14,10 +14,10 @@ process that started it (``PR_SET_PDEATHSIG``): a killed Airflow task does not l
 
 A job still running after ``spark_submit_timeout_s`` is stopped (SIGTERM: Spark's shutdown hooks stop the
 application and its Python processes; ``STOP_GRACE_S`` later SIGKILL to its whole process group, which it leads,
-so that no child keeps its output open) and the transform fails
-with ``SparkJobTimeout``: a batch is never held for ever by a job that hangs (on a store that stopped answering,
-s3a gives up by itself: ``conf.s3a_timeouts``). Stopping a job between its Delta commits is safe: a rerun skips
-the tables that hold the batch (their app transaction says so).
+so that no child keeps its output open) and the transform fails with ``SparkJobTimeout``: a batch is never held for
+ever by a job that hangs (on a store that stopped answering, s3a gives up by itself: ``conf.s3a_timeouts``).
+Stopping a job between its Delta commits is safe: a rerun skips the tables that hold the batch (their app
+transaction says so).
 """
 from __future__ import annotations
 
