@@ -364,7 +364,8 @@ class PipelineConfig:
     s3_access_key: Optional[str] = field(default=None, metadata=SECRET)
     s3_secret_key: Optional[str] = field(default=None, metadata=SECRET)
     s3_region: str = "us-east-1"
-    s3_timeout_s: float = 30.0                 # connect/read timeout of one S3 request
+    s3_timeout_s: float = 30.0                 # connect/read timeout of one S3 request (fsspec, delta-rs, and s3a
+                                               # on Spark: cdc_lib.spark.conf.s3a_timeouts)
     cluster: str = "cluster1"
     schema_source: str = "cql"                 # cql (schema_file) | driver (cassandra_hosts)
     schema_file: Optional[str] = None          # CQL DDL with `ID = ...` table options (DESCRIBE output)
@@ -400,6 +401,9 @@ class PipelineConfig:
     spark_master: str = "local[2]"
     spark_submit: bool = False                 # run the job with spark-submit instead of in-process
     spark_submit_bin: str = "spark-submit"
+    # A spark-submit job still running after this long is stopped and the transform fails (the next run retries the
+    # batch): whatever hangs it (a store that stops answering, a lost cluster), it never holds a batch for ever
+    spark_submit_timeout_s: float = 3600.0
     # Delta Lake and s3a jars: jar files or directories, comma-separated; None: .jvm/lib/delta and .jvm/lib/s3a of
     # this checkout (scripts/setup.sh); "none": the cluster has them (cdc_lib.spark.conf)
     spark_jars: Optional[str] = None
@@ -448,6 +452,8 @@ class PipelineConfig:
         if self.outbox_retention_hours is not None and self.outbox_retention_hours < 0:
             raise ConfigError(f"outbox_retention_hours must be >= 0 (or none: keep every batch), got "
                               f"{self.outbox_retention_hours}")
+        if not self.spark_submit_timeout_s > 0:
+            raise ConfigError(f"spark_submit_timeout_s must be > 0, got {self.spark_submit_timeout_s}")
         if self.warn_no_segments_s < 0:
             raise ConfigError(f"warn_no_segments_s must be >= 0 (0: never warn), got {self.warn_no_segments_s}")
 

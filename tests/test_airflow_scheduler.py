@@ -9,7 +9,9 @@ the next scheduled runs perform. Checked: every run succeeded; each event is in 
 hold what the batch manifests say was published; replayed in order, the events give what the reference model says
 Cassandra shows at the last batch's processing time; the transform tasks' logs hold no error-level line and no
 loopback warning, and start with the step's summary; nothing was written to the scheduler's working directory.
-The test prints the run table (run, state, seconds per task).
+Last, a run whose spark-submit job fails (the Variable sets a driver memory the JVM refuses): the transform's task
+log, as Airflow stored it, holds the job's output lines and the error with their tail. The test prints the run
+table (run, state, seconds per task).
 """
 from __future__ import annotations
 
@@ -231,10 +233,10 @@ def test_scheduled_runs_under_a_real_airflow(tmp_path, kafka_broker, s3_server, 
     try:
         airflow.cli("db", "migrate")
         airflow.start("api-server", "dag-processor", "scheduler")
-        airflow.cli("variables", "set", P.SETTINGS_VARIABLE,        # while the servers start
-                    # driver_batch_max_bytes 0: every stream batch on Spark, whose JVM output the logs check
-                    json.dumps({"topic_prefix": topic_prefix, "max_segments": 100, "warn_no_segments_s": 900,
-                                "driver_batch_max_bytes": 0}))
+        # driver_batch_max_bytes 0: every stream batch on Spark, whose JVM output the logs check
+        variable = {"topic_prefix": topic_prefix, "max_segments": 100, "warn_no_segments_s": 900,
+                    "driver_batch_max_bytes": 0}
+        airflow.cli("variables", "set", P.SETTINGS_VARIABLE, json.dumps(variable))     # while the servers start
         airflow.wait("the three DAGs parsed and served",
                      lambda: set(DAG_IDS) <= {d["dag_id"] for d in airflow.api("dags")["dags"]})
         assert all(d["is_paused"] for d in airflow.api("dags")["dags"])      # every DAG is created paused
@@ -331,6 +333,26 @@ def test_scheduled_runs_under_a_real_airflow(tmp_path, kafka_broker, s3_server, 
         assert store.get_json(P.METRICS_KEY)["last"]["claim"]["warnings"] == []
         assert os.listdir(cwd) == [], "something was written to the scheduler's working directory"
         timings["checked"] = time.monotonic() - t_start
+
+        # A spark-submit job that fails: its output is in the transform's task log as Airflow stored it. The
+        # Variable turns spark_submit on with a driver memory the JVM refuses (it exits at once, naming it); the
+        # next scheduled run claims a third wave.
+        airflow.cli("variables", "set", P.SETTINGS_VARIABLE, json.dumps({
+            **variable, "spark_submit": True, "spark_submit_bin": str(Path(sys.executable).parent / "spark-submit"),
+            "spark_conf": {"spark.driver.memory": "bogus"}}))
+        _ship(workload, schema, tmp_path / "cassandra", 3, 20, store)
+        airflow.cli("dags", "unpause", "cassandra_cdc")
+        run_id = airflow.wait("a transform attempt to fail", lambda: next(
+            (r["dag_run_id"] for r in airflow.runs("cassandra_cdc")
+             if any(t["task_id"] == "transform" and t["state"] in ("up_for_retry", "failed")
+                    for t in airflow.tasks("cassandra_cdc", r["dag_run_id"]))), None))
+        log = _task_log(home, "cassandra_cdc", run_id, "transform")
+        job_lines = [e["event"] for e in log if e.get("logger") == "cassandra_cdc.spark.job"]
+        assert "Invalid maximum heap size: -Xmxbogus" in job_lines, job_lines     # the job's output, line by line
+        errors = "\n".join(json.dumps(e) for e in log if e.get("level") == "error")
+        assert "SparkJobError" in errors and "spark-submit failed (exit status 1)" in errors, errors
+        assert "Invalid maximum heap size: -Xmxbogus" in errors, errors    # the tail, in the task's error
+        timings["failed submit logged"] = time.monotonic() - t_start
         print("timings (s since the test started): " + ", ".join(f"{k} {v:.0f}" for k, v in timings.items()))
     finally:
         airflow.stop()

@@ -5,8 +5,10 @@ transactions. The executors open the segments from the store themselves (there i
 store is S3) and write the Delta tables with delta-spark. The pipeline killed while its job is between Delta commits
 (its job dies with it), then rerun, losing an executor mid-task that Spark replaces: no Delta table is written
 twice, each event is published once. (One scenario, so that the module runs the cluster job twice, not three
-times: each run costs minutes on the 2-core CI machine.) A job that fails (here on a local master) says why in
-the error and the task log."""
+times: each run costs minutes on the 2-core CI machine.) On a local master, submitted the same way: a job that
+fails says why in the error and the task log; S3 frozen while the job MERGEs fails it within s3a's and delta-rs's
+timeouts (``s3_timeout_s``), and the retry publishes each event once; a job that hangs is stopped after
+``spark_submit_timeout_s``."""
 from __future__ import annotations
 
 import dataclasses
@@ -24,7 +26,7 @@ from test_faults import (_assert_exactly_once_in_order, _assert_topics_replay_to
                          _fresh_raw, _ship, segments)
 
 from cdc_lib import pipeline as P
-from cdc_lib.demo.servers import run_spark_cluster
+from cdc_lib.demo.servers import run_s3_server, run_spark_cluster
 from cdc_lib.storage.layout import Layout
 
 pytest.importorskip("pyspark")
@@ -209,3 +211,116 @@ def test_a_failed_job_says_why_in_the_error_and_the_task_log(segments, tmp_path,
     assert any(why in line for line in job_errors), "the task log does not show the job's failure as an error"
     assert P.read_batch(store, batch.batch_id).state == "claimed"
     assert not DeltaTable.is_deltatable(events_table_uri(P.delta_root(cfg, store)), cfg.delta_options())
+
+
+@pytest.mark.timeout(600)
+def test_s3_frozen_while_the_job_commits_fails_the_run_in_bounded_time_then_retry_publishes_once(
+        segments, tmp_path, kafka_broker):
+    """The S3 server frozen (SIGSTOP) once the spark-submit job has committed the outbox, while it MERGEs the state
+    tables (s3a in the driver and the executors, fsspec and delta-rs in the Python workers): the job gives up by
+    itself (s3a's timeouts come from ``s3_timeout_s``), long before ``spark_submit_timeout_s``, and the transform
+    fails with the job's error naming what timed out; the batch stays claimed, nothing is published or archived.
+    With S3 back, the retry skips what the frozen job committed and publishes each event once. (A ``local[1]``
+    master: the s3a settings are the same on a cluster, where Spark retries a failed task first. The retry runs in
+    the pipeline's process, a small batch's mode, which saves a second job here: a spark-submit rerun after partial
+    commits is the test above's.)"""
+    import threading
+
+    from cdc_lib.spark.submit import SparkJobError, SparkJobTimeout
+    with run_s3_server(tmp_path / "weed", bucket="cdc") as s3:
+        # a short lease: the failed transform cannot release the Delta writer lock, the retry takes it over
+        cfg = _shipped_to_cluster(None, segments, tmp_path, s3, "cdc", kafka_broker, s3_timeout_s=2,
+                                  delta_lock_ttl_s=3, spark_submit_timeout_s=420)
+        store = P.open_store(cfg)
+        batch = P.claim(cfg)
+        frozen_at: list = []
+        give_up = threading.Event()
+
+        def freeze_once_the_outbox_is_committed() -> None:
+            while not give_up.is_set():
+                if Layout.events_table() in _holding(_delta_commits(cfg), batch.batch_seq):
+                    os.kill(s3.pid, signal.SIGSTOP)
+                    frozen_at.append(time.monotonic())
+                    return
+                time.sleep(0.1)
+
+        freezer = threading.Thread(target=freeze_once_the_outbox_is_committed)
+        freezer.start()
+        try:
+            with pytest.raises(SparkJobError) as failed:
+                P.transform(cfg, batch)
+            failed_at = time.monotonic()
+        finally:
+            give_up.set()
+            freezer.join()
+            os.kill(s3.pid, signal.SIGCONT)
+        assert frozen_at, f"the job ended before it committed the outbox: {failed.value}"
+        said = str(failed.value)
+        assert not isinstance(failed.value, SparkJobTimeout), said
+        # which request: delta-rs's (in the job's Python) or s3a's (in its JVM) on a Delta table of the store
+        assert re.search(rf"({re.escape(s3.endpoint_url)}|s3a:/)/cdc/cdc/delta/\S+", said) and \
+            re.search(r"operation timed out|did not complete before the specified timeout", said), \
+            f"the error does not say which S3 request timed out:\n{said}"
+        print(f"S3 frozen: the job failed {failed_at - frozen_at[0]:.0f} s later")
+        assert P.read_batch(store, batch.batch_id).state == "claimed"
+        assert not store.exists(Layout.ledger(batch.batch_id))
+        assert store.list(Layout.area_prefix(Layout.ARCHIVED, cfg.cluster)) == []
+        at_failure = _holding(_delta_commits(cfg), batch.batch_seq)
+
+        retry = dataclasses.replace(cfg, spark_submit=False)
+        done = P.run_until_idle(retry)               # the retry: the claimed batch first, then the rest
+        assert done[0].batch_id == batch.batch_id and all(b.state == "archived" for b in done)
+        after = _delta_commits(cfg)
+        for table, versions in after.items():
+            assert versions.count(batch.batch_seq) <= 1, f"{table}: the batch committed twice"
+        assert set(_holding(after, batch.batch_seq)) - set(at_failure), "the frozen job had committed every table"
+        assert _assert_exactly_once_in_order(cfg) > 100
+        _assert_topics_replay_to_the_model(cfg, segments[1].mutations)
+
+
+def test_a_job_that_never_ends_is_stopped_after_spark_submit_timeout_s(tmp_path, monkeypatch):
+    """A spark-submit that hangs (a stand-in here: it prints a line, then waits on a child that holds its output
+    open, ignoring SIGTERM) is stopped once ``spark_submit_timeout_s`` is up: SIGTERM, then SIGKILL to its whole
+    process group, and the transform's error says so, with the job's output; no process of it is left."""
+    from cdc_lib.settings import PipelineConfig
+    from cdc_lib.spark import submit
+    monkeypatch.setattr(submit, "STOP_GRACE_S", 1.0)
+    child_pid = tmp_path / "child.pid"
+    hung = tmp_path / "spark-submit"
+    hung.write_text("#!/bin/sh\necho 'INFO SparkContext: Running Spark version 4.2.0'\ntrap '' TERM\n"
+                    f"sleep 600 &\necho $! > {child_pid}\nwait\n")
+    hung.chmod(0o755)
+    config = PipelineConfig(store_url=str(tmp_path), spark_submit=True, spark_submit_bin=str(hung),
+                            spark_jars="none", spark_submit_timeout_s=1)
+    t0 = time.monotonic()
+    with pytest.raises(submit.SparkJobTimeout) as stopped:
+        submit.run_job(config, ["--batch-id", "b-0000000001"])
+    assert time.monotonic() - t0 < 60, "the job was not stopped"
+    said = str(stopped.value)
+    assert "spark-submit ran longer than spark_submit_timeout_s (1 s) and was stopped" in said, said
+    assert "INFO SparkContext: Running Spark version 4.2.0" in said
+    import psutil
+    child = int(child_pid.read_text())
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE, \
+        "the job's child outlived it"
+
+
+def test_s3_timeout_s_reaches_s3a_and_the_jobs_fsspec_and_delta_rs():
+    """What spark-submit hands the job: s3a's timeouts in Hadoop's units (a bare number would be milliseconds),
+    raised to hadoop-aws's 15 s floor, overridable by ``spark_conf``; the job's own store options (fsspec,
+    delta-rs) equal the pipeline's."""
+    from cdc_lib.settings import PipelineConfig
+    from cdc_lib.spark.conf import s3_settings_from_spark
+    from cdc_lib.spark.session import session_properties
+    cfg = PipelineConfig(store_url="s3://b/p", s3_endpoint_url="http://127.0.0.1:9000", s3_access_key="k",
+                         s3_secret_key="s", s3_timeout_s=20, spark_jars="none",
+                         spark_conf={"spark.hadoop.fs.s3a.retry.limit": "4"})
+    props = session_properties(cfg)
+    hadoop = {k[len("spark.hadoop."):]: v for k, v in props.items() if k.startswith("spark.hadoop.fs.s3a.")}
+    assert {k: v for k, v in hadoop.items() if "timeout" in k} == {
+        "fs.s3a.connection.timeout": "20000ms", "fs.s3a.connection.request.timeout": "20000ms",
+        "fs.s3a.connection.acquisition.timeout": "20000ms", "fs.s3a.connection.establish.timeout": "15000ms"}
+    assert hadoop["fs.s3a.retry.limit"] == "4"
+    job = PipelineConfig(store_url=cfg.store_url, **s3_settings_from_spark(props))
+    assert job.s3_timeout_s == 20
+    assert (job.fs_options(), job.delta_options()) == (cfg.fs_options(), cfg.delta_options())

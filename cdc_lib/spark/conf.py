@@ -8,7 +8,10 @@
   1/2 without deletion vectors, so that delta-rs, Polars and DuckDB (through Arrow) read what Spark writes.
 * **S3** (``s3a_properties``): the store's endpoint, region and credentials as ``fs.s3a.*`` Hadoop settings, and
   back (``s3_settings_from_spark``): the job derives the options of fsspec and delta-rs from the same properties, so
-  the credentials are handed over once.
+  the credentials are handed over once. ``s3_timeout_s`` bounds s3a's requests as it bounds fsspec's and delta-rs's
+  (``S3A_TIMEOUT_FLOOR_S``, ``s3a_timeouts``) and rides along as ``S3_TIMEOUT_PROPERTY`` for the job's fsspec and
+  delta-rs (in the driver and in the executors' Python workers): a store that stops answering fails the job
+  instead of hanging it (s3a's defaults wait 200 s per read and retry for minutes, times Spark's task retries).
 * **Secrets never on a command line**: ``ps`` shows every process's arguments, and Spark's launcher turns every
   property into a ``--conf`` argument. ``split_secrets`` puts the properties whose name Spark itself redacts
   (``secret``, ``password``, ``token``, ``access.key``: ``SECRET_PROPERTY``) apart; they go to a properties file
@@ -68,19 +71,47 @@ def spark_jars(setting: Optional[str]) -> list[str]:
     return jars
 
 
+#: hadoop-aws 3.5 raises every connection timeout below this to it (``Constants.MINIMUM_NETWORK_OPERATION_DURATION``;
+#: ``fs.s3a.connection.*timeout`` are read with ``getTimeDuration``: a number is milliseconds, ``30s`` seconds).
+S3A_TIMEOUT_FLOOR_S = 15.0
+#: The pipeline's ``s3_timeout_s`` as a Spark property: the job's fsspec and delta-rs take it from there.
+S3_TIMEOUT_PROPERTY = "spark.cassandra_cdc.s3_timeout_s"
+
+
+def s3a_timeouts(timeout_s: float) -> dict:
+    """``fs.s3a.*`` settings that give up on a store that stopped answering the way ``PipelineConfig.delta_options``
+    does for delta-rs: one request after ``timeout_s`` (at least ``S3A_TIMEOUT_FLOOR_S``; connecting after at most
+    5 s of it), one operation after two requests (a batch that fails is retried whole by the next run). s3a's own
+    defaults wait 200 s for a read, 60 s per request, and retry an operation 7 times with growing pauses on top of
+    5 SDK attempts: minutes per operation, and again for each Spark task attempt."""
+    ms = lambda s: f"{int(max(s, S3A_TIMEOUT_FLOOR_S) * 1000)}ms"  # noqa: E731
+    return {
+        "fs.s3a.connection.establish.timeout": ms(min(5.0, timeout_s)),
+        "fs.s3a.connection.timeout": ms(timeout_s),            # a socket read that gets no byte
+        # the whole request, the SDK's quick retries of a reset connection included (apiCallTimeout); part
+        # uploads of big files have their own (fs.s3a.connection.part.upload.timeout)
+        "fs.s3a.connection.request.timeout": ms(timeout_s),
+        "fs.s3a.connection.acquisition.timeout": ms(timeout_s),   # waiting for a pooled connection
+        "fs.s3a.attempts.maximum": "2",                         # SDK retries, inside the request timeout
+        "fs.s3a.retry.limit": "1",                              # s3a's retries of an operation that failed
+        "fs.s3a.retry.interval": "500ms",
+    }
+
+
 def s3a_properties(config) -> dict:
-    """``spark.hadoop.fs.s3a.*`` properties for the store of ``config`` (a ``PipelineConfig``); empty for a local
-    store. Credentials only when the settings have them (else s3a's own chain: environment, instance profile)."""
+    """``spark.hadoop.fs.s3a.*`` properties for the store of ``config`` (a ``PipelineConfig``), and its
+    ``s3_timeout_s`` (``S3_TIMEOUT_PROPERTY``); empty for a local store. Credentials only when the settings have
+    them (else s3a's own chain: environment, instance profile)."""
     if not config.remote:
         return {}
-    props = {"fs.s3a.endpoint.region": config.s3_region}
+    props = {"fs.s3a.endpoint.region": config.s3_region, **s3a_timeouts(config.s3_timeout_s)}
     if config.s3_endpoint_url:
         props.update({"fs.s3a.endpoint": config.s3_endpoint_url, "fs.s3a.path.style.access": "true",
                       "fs.s3a.connection.ssl.enabled": str(config.s3_endpoint_url.startswith("https:")).lower()})
     if config.s3_access_key or config.s3_secret_key:
         props.update({"fs.s3a.aws.credentials.provider": "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider",
                       "fs.s3a.access.key": config.s3_access_key or "", "fs.s3a.secret.key": config.s3_secret_key or ""})
-    return {f"spark.hadoop.{k}": v for k, v in props.items()}
+    return {**{f"spark.hadoop.{k}": v for k, v in props.items()}, S3_TIMEOUT_PROPERTY: str(config.s3_timeout_s)}
 
 
 def s3_settings_from_spark(conf: Mapping[str, str]) -> dict:
@@ -90,6 +121,8 @@ def s3_settings_from_spark(conf: Mapping[str, str]) -> dict:
            "s3_secret_key": get("secret.key")}
     if get("endpoint.region"):
         out["s3_region"] = get("endpoint.region")
+    if conf.get(S3_TIMEOUT_PROPERTY):
+        out["s3_timeout_s"] = float(conf[S3_TIMEOUT_PROPERTY])
     return {k: v for k, v in out.items() if v is not None}
 
 

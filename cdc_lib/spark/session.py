@@ -64,7 +64,8 @@ def spark_session(config):
     # are set at run time (not on any command line), and Delta and the executors' writes take them from there.
     hadoop = _SPARK.sparkContext._jsc.hadoopConfiguration()
     for key, value in s3a_properties(config).items():
-        hadoop.set(key[len("spark.hadoop."):], value)
+        if key.startswith("spark.hadoop."):
+            hadoop.set(key[len("spark.hadoop."):], value)
     return _SPARK
 
 

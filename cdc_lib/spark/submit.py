@@ -11,6 +11,13 @@ The job's output (its driver's log4j lines and Python logging) is forwarded line
 ``cassandra_cdc.spark.job`` at each line's level, so the Airflow task log shows the job as it runs; when the job
 fails, the error names the exit status and repeats the last lines of its output. ``spark-submit`` dies with the
 process that started it (``PR_SET_PDEATHSIG``): a killed Airflow task does not leave its job writing on.
+
+A job still running after ``spark_submit_timeout_s`` is stopped (SIGTERM: Spark's shutdown hooks stop the
+application and its Python processes; ``STOP_GRACE_S`` later SIGKILL to its whole process group, which it leads,
+so that no child keeps its output open) and the transform fails with ``SparkJobTimeout``: a batch is never held for
+ever by a job that hangs (on a store that stopped answering, s3a gives up by itself: ``conf.s3a_timeouts``).
+Stopping a job between its Delta commits is safe: a rerun skips the tables that hold the batch (their app
+transaction says so).
 """
 from __future__ import annotations
 
@@ -23,6 +30,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from cdc_lib.errors import CdcError
@@ -33,6 +41,7 @@ from .session import _LOG4J_LEVELS, _LOG4J_LINE, session_properties
 
 JOB = REPO_ROOT / "spark_jobs" / "merge_batch.py"
 TAIL_LINES = 60          # lines of the job's output repeated in the error when it fails
+STOP_GRACE_S = 30.0      # a job stopped for running too long: how long its shutdown may take before SIGKILL
 
 log = logging.getLogger("cassandra_cdc.spark.submit")
 job_log = logging.getLogger("cassandra_cdc.spark.job")
@@ -40,6 +49,10 @@ job_log = logging.getLogger("cassandra_cdc.spark.job")
 
 class SparkJobError(CdcError):
     """The Spark job failed (``spark-submit`` exited with an error, or said nothing about its result)."""
+
+
+class SparkJobTimeout(SparkJobError):
+    """The Spark job ran longer than ``spark_submit_timeout_s`` and was stopped."""
 
 
 def _die_with_parent() -> None:      # runs in the child between fork and exec
@@ -58,6 +71,29 @@ def _level_of(line: str, previous: int) -> int:
     if line.startswith("Traceback (most recent call last)"):
         return logging.ERROR
     return previous
+
+
+def _stop_when_overdue(proc: subprocess.Popen, timeout_s: float, overdue: threading.Event) -> None:
+    """Wait for ``proc``; after ``timeout_s`` stop it (SIGTERM, SIGKILL ``STOP_GRACE_S`` later) and set ``overdue``."""
+    try:
+        proc.wait(timeout_s)
+        return
+    except subprocess.TimeoutExpired:
+        overdue.set()
+    log.error("transform: spark-submit still runs after spark_submit_timeout_s (%g s): stopping it", timeout_s)
+    proc.terminate()
+    try:
+        proc.wait(STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+    _kill_group(proc)      # the job's children too (they would keep its output open)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def submit_command(config, job_args: list, properties_file: Path) -> list:
@@ -80,7 +116,8 @@ def submit_command(config, job_args: list, properties_file: Path) -> list:
 def run_job(config, job_args: list) -> dict:
     """Run ``spark_jobs/merge_batch.py job_args`` with spark-submit; returns its result (the BatchResult as a dict).
 
-    Raises SparkJobError with the exit status and the last ``TAIL_LINES`` lines of the job's output.
+    Raises SparkJobError with the exit status and the last ``TAIL_LINES`` lines of the job's output;
+    SparkJobTimeout when it ran longer than ``config.spark_submit_timeout_s`` (it is stopped).
     """
     _, secret = split_secrets(session_properties(config))
     env = dict(os.environ)
@@ -92,7 +129,11 @@ def run_job(config, job_args: list) -> dict:
         tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
         result = None
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, preexec_fn=_die_with_parent)
+                                env=env, preexec_fn=_die_with_parent, start_new_session=True)
+        overdue = threading.Event()
+        watchdog = threading.Thread(target=_stop_when_overdue, args=(proc, config.spark_submit_timeout_s, overdue),
+                                    name="spark-submit-watchdog", daemon=True)
+        watchdog.start()
         try:
             level = logging.INFO
             for raw in proc.stdout:
@@ -105,9 +146,16 @@ def run_job(config, job_args: list) -> dict:
                     job_log.log(level, "%s", line)
             code = proc.wait()
         except BaseException:
-            proc.kill()
+            _kill_group(proc)
             proc.wait()
             raise
+        finally:
+            watchdog.join()
+    if overdue.is_set() and (code != 0 or result is None):     # (not a job that ended as it was stopped)
+        raise SparkJobTimeout(
+            f"spark-submit ran longer than spark_submit_timeout_s ({config.spark_submit_timeout_s:g} s) and was "
+            f"stopped (exit status {code}); the batch is retried whole by the next run. The last {len(tail)} lines "
+            "of the job's output:\n" + "\n".join(tail))
     if code != 0:
         raise SparkJobError(f"spark-submit failed (exit status {code}); the last {len(tail)} lines of the job's "
                             "output:\n" + "\n".join(tail))
