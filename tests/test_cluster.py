@@ -209,3 +209,20 @@ def test_a_failed_job_says_why_in_the_error_and_the_task_log(segments, tmp_path,
     assert any(why in line for line in job_errors), "the task log does not show the job's failure as an error"
     assert P.read_batch(store, batch.batch_id).state == "claimed"
     assert not DeltaTable.is_deltatable(events_table_uri(P.delta_root(cfg, store)), cfg.delta_options())
+
+
+def test_a_sigkilled_worker_started_again_registers_with_the_master(spark_cluster):
+    """What the soak's ``spark-worker`` fault does (``benchmarks/soak.py --spark-cluster``): worker 2's JVM
+    SIGKILLed is gone and reaped, then started again on its work directory as a new JVM that the master lists
+    ALIVE beside worker 1 (the dead one no longer); ``pids`` follow. (Last in the module: the tests above count on
+    the cluster as it started.)"""
+    from cdc_lib.demo.servers import _alive_worker_ports
+    master, worker1, worker2 = spark_cluster.pids
+    assert spark_cluster.kill_worker(2) == worker2
+    assert spark_cluster.worker_pid(2) is None and spark_cluster.worker_pid(1) == worker1
+    new = spark_cluster.start_worker(2)
+    assert new != worker2 and spark_cluster.pids == (master, worker1, new) and spark_cluster.worker_pid(2) == new
+    deadline = time.monotonic() + 60
+    while len(_alive_worker_ports(spark_cluster.web_url) or ()) != 2:
+        assert time.monotonic() < deadline, f"the master lists {_alive_worker_ports(spark_cluster.web_url)} ALIVE"
+        time.sleep(0.5)
