@@ -407,13 +407,21 @@ class Faults(threading.Thread):
             if pid is not None and waiting:
                 target = tasks.started_at + self.rng.uniform(1.0, max(1.0, 0.8 * tasks.last_batch_s))
                 time.sleep(max(0.0, target - time.monotonic()))
+                job = "; its Spark job was running" if soak.spark is not None and _spark_jobs(pid) else ""
+                killed_before = tasks.runs["killed"]
                 if tasks.running_pid() == pid:
-                    job = "; its Spark job was running" if _spark_jobs(pid) else ""
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
-                    what = "Airflow process (DAG.test) running the task" if soak.args.airflow else "task"
-                    return (f"{what} pid {pid} SIGKILLed {time.monotonic() - tasks.started_at:.1f} s into its run "
-                            f"({waiting} segment(s) in incoming/{job})")
+                    into = time.monotonic() - tasks.started_at
+                    # the run may have ended on its own just before the signal: then it was not killed, and the
+                    # next run is tried (the loop counts how each run ended)
+                    deadline = time.monotonic() + 60
+                    while tasks.runs["killed"] == killed_before and time.monotonic() < deadline:
+                        time.sleep(0.1)
+                    if tasks.runs["killed"] > killed_before:
+                        what = "Airflow process (DAG.test) running the task" if soak.args.airflow else "task"
+                        return (f"{what} pid {pid} SIGKILLed {into:.1f} s into its run ({waiting} segment(s) in "
+                                f"incoming/{job})")
             time.sleep(0.5)
         return "no task ran long enough to be killed"
 

@@ -11,7 +11,8 @@ Context managers (use directly when a test needs a private server or its PID):
     run_kafka_broker()    -> KafkaBroker     (.bootstrap "127.0.0.1:PORT", .pid, .log_path, .log_dirs, ...)
     run_s3_server()       -> S3Server        (.endpoint_url, .access_key, .secret_key, .bucket, .pid, ...)
     run_schema_registry() -> SchemaRegistry  (.url: the ccompat API root for Confluent clients, .pid, ...)
-    run_spark_cluster()   -> SparkCluster    (.master_url "spark://127.0.0.1:PORT", .pids, .worker_dirs, ...)
+    run_spark_cluster()   -> SparkCluster    (.master_url "spark://127.0.0.1:PORT", .pids, .worker_dirs,
+                                              .kill_worker(n), .start_worker(n), ...)
 The pytest fixtures built on these live in tests/servers.py; the demo (``cdc_lib.demo``) uses the context
 managers directly.
 """
