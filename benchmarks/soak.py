@@ -3,15 +3,40 @@ write load for ``--minutes``, while its processes are killed at seeded random mo
 everything drains, and the end state is checked.
 
     nice .venv/bin/python benchmarks/soak.py [--minutes 20] [--seed 1] [--rate 50] [--fault-every 60]
-                                             [--faults agent,cassandra,kafka,task] [--work DIR] [--keep]
+                                             [--faults agent,cassandra,kafka,task,spark-worker] [--work DIR] [--keep]
+                                             [--spark-cluster] [--airflow]
 
 What runs, each as its own process: Cassandra 5.0 (``demo.cassandra.LocalCassandra``, one node: the machine this
 was written on has 2 cores), Apache Kafka (one KRaft broker, ``demo.servers.run_kafka_broker``), the agent
-(``python -m cdc_lib.cli agent``) and the pipeline: one process per batch doing claim -> transform -> publish ->
-archive, as one run of the Airflow DAG does, started again as soon as it ends. The store is a local directory.
-The load is cassandra-driver writes at ``--rate`` per second: inserts (text of 0.5-3 KB), updates of a column and of
-a set, row and partition deletes, over 400 partitions of 8 rows. Cassandra's commit-log segments are 1 MiB (the
-smallest it takes), so at 50 writes/s one closes about every 20 s: that period is most of the end-to-end lag.
+(``python -m cdc_lib.cli agent``) and the pipeline, claim -> transform -> publish -> archive, run after run. The
+store is a local directory. The load is cassandra-driver writes at ``--rate`` per second: inserts (text of 0.5-3
+KB), updates of a column and of a set, row and partition deletes, over 400 partitions of 8 rows. Cassandra's
+commit-log segments are 1 MiB (the smallest it takes), so at 50 writes/s one closes about every 20 s: that period
+is most of the end-to-end lag.
+
+How the pipeline runs; by default, the cheapest that still kills a task mid-batch:
+
+* **default**: one process per batch calling ``run_once`` (what one DAG run's tasks do), started again as soon as
+  it ends; the batches of a steady load are small and run in that process without Spark (the ``driver``
+  transform, what production uses for batches under ``driver_batch_max_bytes``; ``max_bytes`` is set to that so
+  a backlog after an outage does not switch a batch to Spark).
+* ``--spark-cluster``: every batch's transform goes through ``spark-submit`` (the pipeline's ``spark_submit``
+  mode) to a standalone Spark master and one worker (1 core, one 512 MiB executor; ``demo.servers
+  .run_spark_cluster``), the job reading the segments from the store and writing Delta with delta-spark; the
+  ``spark-worker`` fault joins the others. One worker: on 2 cores a second would only take CPU from Cassandra.
+* ``--airflow``: the pipeline runs as the real ``cassandra_cdc`` DAG's tasks, configured as in production (the
+  settings file named by ``CASSANDRA_CDC_CONFIG``, the Kafka connection), with the DAG's own retries: its runs one
+  after the other in one Airflow process, ``demo.dag_runner`` (``DAG.test()``, what ``airflow dags test`` runs;
+  its tasks run in that process). The ``task`` fault SIGKILLs that process while it runs a task, which is killing
+  the running Airflow task (and, under ``--spark-cluster``, its spark-submit job, which dies with its parent);
+  the process is started again for the next run (Airflow's imports and the DAG folder parsed: the figures print
+  how long each start took). Why not a real scheduler (api-server, dag-processor, scheduler, as
+  ``tests/test_airflow_scheduler.py`` starts them): measured in the README's 20-minute run, the one Airflow process
+  took 260-570 MiB and 27-58 s per start, and a spark-submit batch alone 1-4 minutes of the 2 cores beside
+  Cassandra, Kafka, a Spark master, worker, driver and executor; a scheduler is three Airflow processes of the
+  kind (not measured here) polling their database all the time. The DAG file, the task code, the retries and the
+  kill are the same; what a scheduler adds (a run queued every minute, a killed task found as a zombie) is that
+  test's subject.
 
 Faults, one at a time, in a seeded random order (every kind once per round), at seeded random intervals (0.5 to
 1.5 times ``--fault-every`` seconds):
@@ -19,17 +44,17 @@ Faults, one at a time, in a seeded random order (every kind once per round), at 
 * ``agent``: SIGKILL, started again 1-5 s later;
 * ``cassandra``: SIGKILL (no shutdown hook, no last sync of the commit log), started again on its data;
 * ``kafka``: SIGKILL, started again on the same data and ports;
-* ``task``: SIGKILL of the running pipeline task 1-10 s into a run that has segments to process (the next run
-  resumes its batch).
-
-No Spark worker is killed: the batches of a steady load are small and run in the task process without Spark (the
-``driver`` transform, what production uses for batches under ``driver_batch_max_bytes``; ``max_bytes`` is set to
-that so a backlog after an outage does not switch a batch to Spark), and a standalone Spark cluster beside
-Cassandra and Kafka would starve both on 2 cores. A worker's executor killed in the middle of a job is the subject
-of ``tests/test_cluster.py``.
+* ``task``: SIGKILL of the running pipeline task (or of the Airflow process running it) 1 s to 0.8 times the last
+  batch's run time into a run that has segments to process (the next run resumes its batch);
+* ``spark-worker`` (``--spark-cluster`` only): SIGKILL of the Worker JVM while one of its executors runs a batch's
+  job (when one does within two minutes), started again 3-10 s later on its work directory. Its executors lose
+  their worker and exit; the job gets an executor on the new worker (Spark retries the lost tasks) or fails, and
+  then the pipeline's retry (the DAG's task retry, or the next run) finishes the batch: exactly once, as the
+  checks below say.
 
 At the end: the load stops, Cassandra's rows are read (``SELECT *``), ``nodetool drain`` closes the live segment,
-the agent ships what is left, the pipeline runs until idle; then the checks, each printed with its figures:
+the agent ships what is left, the pipeline runs until idle (in this process, as configured: under
+``--spark-cluster`` with spark-submit); then the checks, each printed with its figures:
 
 * the Delta state equals ``SELECT *`` (``demo.compare``: typed values and the driver's own);
 * every event in Kafka has a unique id, and replaying the topics (``after`` of the last event per key, none after
@@ -44,8 +69,10 @@ as ``tests/test_real_faults.py`` does; the count of acknowledged writes is print
 Figures over time, every ``--sample-every`` seconds: writes/s acknowledged, events/s published, end-to-end lag
 p50/p95 of the segments published in the window (exact: the segment's close time from the batch manifest to its
 batch's ledger marker, not the histogram's buckets), segments waiting in ``incoming/``, and the RSS of each
-process. Printed as a table, written to ``<work>/soak.json`` and plotted to ``<work>/soak.svg`` (``--plot``).
-Exit status 0 when every check passed, 1 otherwise.
+process (under ``--spark-cluster`` also the master, the worker, a batch's spark-submit job (driver JVM and its
+Python) and the executor (JVM and its Python workers), each summed). Printed as a table, written to
+``<work>/soak.json`` and plotted to ``<work>/soak.svg`` (``--plot``). Exit status 0 when every check passed, 1
+otherwise.
 """
 from __future__ import annotations
 
@@ -78,15 +105,15 @@ from cdc_lib.cql.schema_from_ddl import load_cql_schema  # noqa: E402
 from cdc_lib.demo.cassandra import LocalCassandra, describe  # noqa: E402
 from cdc_lib.demo.compare import (Comparison, compare_native, compare_table, delta_live_rows,  # noqa: E402
                                   select_json, select_native, select_rows)
-from cdc_lib.demo.run import consume_all  # noqa: E402
-from cdc_lib.demo.servers import run_kafka_broker  # noqa: E402
+from cdc_lib.demo.run import airflow_db_migrate, airflow_env, consume_all  # noqa: E402
+from cdc_lib.demo.servers import run_kafka_broker, run_spark_cluster  # noqa: E402
 from cdc_lib.pipeline.batches import batch_id_for, read_batch, read_pointer  # noqa: E402
 from cdc_lib.settings import AgentConfig  # noqa: E402
 from cdc_lib.storage.layout import Layout  # noqa: E402
 
 KS, TABLE, CLUSTER, NODE = "soak", "t", "soak", "node1"
 PARTITIONS, ROWS = 400, 8
-FAULTS = ("agent", "cassandra", "kafka", "task")
+FAULTS = ("agent", "cassandra", "kafka", "task", "spark-worker")
 
 # One batch, in a process of its own: what one run of the cassandra_cdc DAG does (its tasks call these steps).
 TASK = """
@@ -171,32 +198,91 @@ class TaskLoop(threading.Thread):
         self._n = 0
 
     def run(self) -> None:
-        while not self.stop_event.is_set():
-            self._n += 1
-            with open(self.log, "ab") as err:
-                err.write(f"--- task run {self._n} at {time.strftime('%H:%M:%S')}\n".encode())
-                err.flush()
-                self.started_at = time.monotonic()
-                self.proc = subprocess.Popen([sys.executable, "-c", TASK, self.cfg_json, f"soak-{self._n}"],
-                                             stdout=subprocess.PIPE, stderr=err, env=self.env,
-                                             stdin=subprocess.DEVNULL)
-                out, _ = self.proc.communicate()
-            rc = self.proc.returncode
-            if rc == -signal.SIGKILL:
-                self.runs["killed"] += 1
-            elif rc != 0:
-                self.runs["failed"] += 1        # e.g. Kafka down: the run fails, the next one retries the batch
-                self.stop_event.wait(2.0)
-            elif json.loads(out.decode().strip().splitlines()[-1])["empty"]:
-                self.runs["empty"] += 1
-                self.stop_event.wait(2.0)       # nothing to do: the DAG's next run, a moment later
-            else:
-                self.runs["batch"] += 1
-                self.last_batch_s = time.monotonic() - self.started_at
+        try:
+            while not self.stop_event.is_set():
+                self._n += 1
+                ended = self.run_one()
+                self.runs[ended] += 1
+                if ended == "batch":
+                    self.last_batch_s = time.monotonic() - self.started_at
+                elif ended != "killed":
+                    self.stop_event.wait(2.0)   # nothing to do, or a failure (Kafka down): the next run a moment later
+        finally:
+            self.close()
+
+    def run_one(self) -> str:
+        """One run: "batch", "empty", "killed" (SIGKILLed) or "failed" (e.g. Kafka down: the next run retries)."""
+        with open(self.log, "ab") as err:
+            err.write(f"--- task run {self._n} at {time.strftime('%H:%M:%S')}\n".encode())
+            err.flush()
+            self.started_at = time.monotonic()
+            self.proc = subprocess.Popen([sys.executable, "-c", TASK, self.cfg_json, f"soak-{self._n}"],
+                                         stdout=subprocess.PIPE, stderr=err, env=self.env, stdin=subprocess.DEVNULL)
+            out, _ = self.proc.communicate()
+        rc = self.proc.returncode
+        if rc == -signal.SIGKILL:
+            return "killed"
+        if rc != 0:
+            return "failed"
+        return "empty" if json.loads(out.decode().strip().splitlines()[-1])["empty"] else "batch"
 
     def running_pid(self):
         p = self.proc
         return p.pid if p is not None and p.poll() is None else None
+
+    def close(self) -> None:
+        """Nothing stays running after the loop (a run under way was let finish)."""
+
+
+class AirflowTaskLoop(TaskLoop):
+    """The ``cassandra_cdc`` DAG's runs, one after the other, in one Airflow process (``demo.dag_runner``:
+    ``DAG.test()``, what ``airflow dags test`` runs; its tasks run in that process, with the DAG's retries). The
+    ``task`` fault SIGKILLs that process in the middle of a task; it is started again (Airflow's imports and the
+    DAG folder parsed again) for the next run. Whether a run processed a batch: the store's last batch changed."""
+
+    def __init__(self, cfg: P.PipelineConfig, log: Path, env: dict, store):
+        super().__init__(cfg, log, env)
+        self.store = store
+        self.runner = None
+        self.starts: list = []                  # seconds each start of the Airflow process took (parse, warm-up)
+        self._running = False
+
+    def _progress(self) -> tuple:
+        seq = int(read_pointer(self.store).get("batch_seq", 0))
+        return seq, read_batch(self.store, batch_id_for(seq)).state if seq else None
+
+    def run_one(self) -> str:
+        from cdc_lib.demo.dag_runner import DagRunFailed, DagRunner
+        if self.runner is None:
+            t0 = time.monotonic()
+            try:
+                self.runner = DagRunner(self.env, self.log).__enter__()
+            except DagRunFailed:
+                return "failed"
+            self.starts.append(round(time.monotonic() - t0, 1))
+        before = self._progress()
+        self.started_at = time.monotonic()
+        self._running = True
+        try:
+            self.runner.run("cassandra_cdc", {})
+        except DagRunFailed:
+            if self.runner.proc.poll() is None:
+                return "failed"                 # a task failed after the DAG's retries: the next run resumes
+            killed = self.runner.proc.returncode == -signal.SIGKILL
+            self.close()
+            return "killed" if killed else "failed"
+        finally:
+            self._running = False
+        return "batch" if self._progress() != before else "empty"
+
+    def running_pid(self):
+        r = self.runner
+        return r.pid if self._running and r is not None and r.proc.poll() is None else None
+
+    def close(self) -> None:
+        if self.runner is not None:
+            self.runner.__exit__(None, None, None)      # ends it (SIGKILL if it does not stop) and reaps it
+            self.runner = None
 
 
 # ------------------------------------------------------------------------------------------------ the load
@@ -284,7 +370,7 @@ class Faults(threading.Thread):
             t = self.soak.elapsed()
             t0 = time.monotonic()
             try:
-                note = getattr(self, "_" + kind)()
+                note = getattr(self, "_" + kind.replace("-", "_"))()
             except Exception as e:  # noqa: BLE001 - reported; the soak goes on and the checks decide
                 note = f"FAILED: {type(e).__name__}: {e}"
             self.log.append((round(t, 1), kind, round(time.monotonic() - t0, 1), note))
@@ -312,23 +398,78 @@ class Faults(threading.Thread):
         return f"Kafka pid {pid} SIGKILLed, started again on its data"
 
     def _task(self) -> str:
-        """SIGKILL the running task 1-10 s into a run that has segments to process (or a batch to resume), and
-        before the end a run of the last one's length would reach (on a quiet machine a batch takes 3-5 s: a kill
+        """SIGKILL the running task (the task process, or the Airflow process running the DAG's tasks) 1 s to 0.8
+        times the last batch's run time into a run that has segments to process (or a batch to resume): before the
+        end a run of the last one's length would reach (on a quiet machine a batch in process takes 3-5 s: a kill
         10 s in never came); a run that ends before is let go and the next one tried."""
         tasks, soak = self.soak.tasks, self.soak
-        for _ in range(120):
+        for _ in range(240):
             pid = tasks.running_pid()
             waiting = len(soak.store.list(Layout.area_prefix(Layout.INCOMING, CLUSTER)))
             if pid is not None and waiting:
-                target = tasks.started_at + self.rng.uniform(1.0, max(1.0, min(10.0, 0.8 * tasks.last_batch_s)))
+                target = tasks.started_at + self.rng.uniform(1.0, max(1.0, 0.8 * tasks.last_batch_s))
                 time.sleep(max(0.0, target - time.monotonic()))
+                job = "; its Spark job was running" if soak.spark is not None and _spark_jobs(pid) else ""
+                killed_before = tasks.runs["killed"]
                 if tasks.running_pid() == pid:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
-                    return (f"task pid {pid} SIGKILLed {time.monotonic() - tasks.started_at:.1f} s into its run "
-                            f"({waiting} segment(s) in incoming/)")
+                    into = time.monotonic() - tasks.started_at
+                    # the run may have ended on its own just before the signal: then it was not killed, and the
+                    # next run is tried (the loop counts how each run ended)
+                    deadline = time.monotonic() + 60
+                    while tasks.runs["killed"] == killed_before and time.monotonic() < deadline:
+                        time.sleep(0.1)
+                    if tasks.runs["killed"] > killed_before:
+                        what = "Airflow process (DAG.test) running the task" if soak.args.airflow else "task"
+                        return (f"{what} pid {pid} SIGKILLed {into:.1f} s into its run ({waiting} segment(s) in "
+                                f"incoming/{job})")
             time.sleep(0.5)
         return "no task ran long enough to be killed"
+
+    def _spark_worker(self) -> str:
+        """SIGKILL the Spark worker's JVM, while one of its executors runs a batch's job when one does within two
+        minutes; started again 3-10 s later. Its executors lose their worker (they exit); the job waits for an
+        executor on the new worker or fails, and the pipeline's retry finishes the batch."""
+        cluster = self.soak.spark
+        executors: list = []
+        for _ in range(240):
+            executors = _executors(cluster.worker_pid(1))
+            if executors:
+                break
+            time.sleep(0.5)
+        pid = cluster.kill_worker(1)
+        time.sleep(self.rng.uniform(3, 10))
+        left = [e.pid for e in executors if e.is_running()]
+        cluster.start_worker(1)
+        return (f"Spark worker pid {pid} SIGKILLed " + (f"with {len(executors)} executor(s) of a running job "
+                                                         f"({len(left)} still alive when it started again)"
+                                                         if executors else "(no job was running)")
+                + ", started again")
+
+
+def _descendants(pid) -> list:
+    try:
+        return psutil.Process(pid).children(recursive=True) if pid else []
+    except psutil.Error:
+        return []
+
+
+def _cmdline(proc) -> str:
+    try:
+        return " ".join(proc.cmdline())
+    except psutil.Error:
+        return ""
+
+
+def _spark_jobs(pid) -> list:
+    """The spark-submit driver JVMs under process ``pid`` (a task: its transform's job)."""
+    return [p for p in _descendants(pid) if "org.apache.spark.deploy.SparkSubmit" in _cmdline(p)]
+
+
+def _executors(worker_pid) -> list:
+    """The executor JVMs the Spark worker ``worker_pid`` runs."""
+    return [p for p in _descendants(worker_pid) if "CoarseGrainedExecutorBackend" in _cmdline(p)]
 
 
 # ------------------------------------------------------------------------------------------------ figures
@@ -380,11 +521,13 @@ class Sampler(threading.Thread):
         t = soak.elapsed()
         self.lags += [(t, x) for x in lags]
         rss = {}
-        for name, pid in soak.pids().items():
-            try:
-                rss[name] = round(psutil.Process(pid).memory_info().rss / 2 ** 20, 1)
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                pass
+        for name, procs in soak.processes().items():
+            total = 0
+            for proc in procs:
+                with contextlib.suppress(psutil.Error):
+                    total += proc.memory_info().rss
+            if total:
+                rss[name] = round(total / 2 ** 20, 1)
         row = {"t": round(t, 1), "writes_per_s": round((acked - self._acked) / self.every, 1),
                "events_per_s": round((events - self._events) / self.every, 1),
                "lag_p50_s": _round(_pctl(lags, 0.5)), "lag_p95_s": _round(_pctl(lags, 0.95)),
@@ -474,30 +617,66 @@ class Soak:
         self.env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
         self.cassandra = LocalCassandra(self.work / "cassandra", 1, cluster_name="soak")
         self.kafka = Kafka(self.work / "kafka")
-        self.agent = self.tasks = self.writer = self.faults = self.cfg = self.store = None
+        self.agent = self.tasks = self.writer = self.faults = self.cfg = self.store = self.spark = None
+        self._servers = contextlib.ExitStack()          # the Spark cluster
         self.t0 = time.monotonic()
 
     def elapsed(self) -> float:
         return time.monotonic() - self.t0
 
-    def pids(self) -> dict:
-        out = {"cassandra": self.cassandra.node(1).pid if self.cassandra.node(1).running() else None,
-               "kafka": self.kafka.pid, "agent": self.agent.pid if self.agent else None,
-               "task": self.tasks.running_pid() if self.tasks else None, "soak (load, sampler)": os.getpid()}
-        return {k: v for k, v in out.items() if v is not None}
+    def processes(self) -> dict:
+        """{name: [psutil processes]} whose memory the figures show, summed per name."""
+        pids = {"cassandra": self.cassandra.node(1).pid if self.cassandra.node(1).running() else None,
+                "kafka": self.kafka.pid, "agent": self.agent.pid if self.agent else None,
+                "soak (load, sampler)": os.getpid()}
+        if self.args.airflow:
+            pids["airflow (DAG.test)"] = self.tasks.runner.pid if self.tasks and self.tasks.runner else None
+        else:
+            pids["task"] = self.tasks.running_pid() if self.tasks else None
+        if self.spark is not None:
+            pids["spark master"], pids["spark worker"] = self.spark.pids[0], self.spark.worker_pid(1)
+        out = {}
+        for name, pid in pids.items():
+            with contextlib.suppress(psutil.Error):
+                if pid is not None:
+                    out[name] = [psutil.Process(pid)]
+        if self.spark is not None:
+            # a batch's spark-submit job (driver JVM and its Python: under a task, or this process in the drain)
+            # and the worker's executors (JVM and Python workers): each the sum of its processes
+            jobs = _spark_jobs(os.getpid())
+            out["spark job (driver)"] = [q for j in jobs for q in [j, *_descendants(j.pid)]]
+            out["spark executor"] = [q for e in _executors(self.spark.worker_pid(1))
+                                     for q in [e, *_descendants(e.pid)]]
+        return {k: v for k, v in out.items() if v}
+
+    def _start_beside_cassandra(self) -> None:
+        """What starts while Cassandra starts (none of it needs the node): Kafka, the Spark cluster, the Airflow
+        database."""
+        self.kafka.start()
+        if self.args.spark_cluster:
+            self.spark = self._servers.enter_context(run_spark_cluster(self.work / "spark", workers=1))
+            self.env.update(self.spark.env)           # spark-submit's: loopback only, quiet logs, this Python
+            os.environ.update(self.spark.env)         # the drain's batches run in this process
+        if self.args.airflow:
+            self.airflow_home = self.work / "airflow"
+            self.airflow_home.mkdir(exist_ok=True)
+            airflow_db_migrate(airflow_env(self.airflow_home, kafka_bootstrap="", s3=None))
 
     def start(self) -> None:
-        say(f"starting Cassandra 5.0 (1 node) and Kafka under {self.work} ...")
+        more = (["a Spark master and worker"] if self.args.spark_cluster else []) + \
+            (["the Airflow database"] if self.args.airflow else [])
+        say(f"starting Cassandra 5.0 (1 node), Kafka{''.join(', ' + m for m in more)} under {self.work} ...")
         t0 = time.monotonic()
-        kafka_error: list = []
-        k = threading.Thread(target=lambda: _catch(self.kafka.start, kafka_error))
+        errors: list = []
+        k = threading.Thread(target=lambda: _catch(self._start_beside_cassandra, errors))
         k.start()
         self.cassandra.start(timeout=600)
         k.join()
-        if kafka_error:
-            raise kafka_error[0]
+        if errors:
+            raise errors[0]
         say(f"  up in {time.monotonic() - t0:.0f} s: Cassandra pid {self.cassandra.node(1).pid}, "
-            f"Kafka {self.kafka.broker.bootstrap} pid {self.kafka.pid}")
+            f"Kafka {self.kafka.broker.bootstrap} pid {self.kafka.pid}"
+            + (f", Spark {self.spark.master_url} pids {self.spark.pids}" if self.spark else ""))
         session = self.cassandra.session()
         session.execute(f"CREATE KEYSPACE {KS} WITH replication = {{'class': 'SimpleStrategy', "
                         "'replication_factor': 1}")
@@ -507,16 +686,31 @@ class Soak:
         self.cassandra.close_driver()
         (self.work / "schema.cql").write_text(schema_cql)
         self.schema = load_cql_schema(schema_cql)
-        self.cfg = P.PipelineConfig(
-            store_url=str(self.store_dir), cluster=CLUSTER, schema_file=str(self.work / "schema.cql"),
-            kafka_bootstrap=self.kafka.broker.bootstrap, topic_prefix=f"soak{uuid.uuid4().hex[:6]}",
-            kafka_timeout_s=10, max_bytes=P.PipelineConfig.driver_batch_max_bytes)
+        settings = dict(store_url=str(self.store_dir), cluster=CLUSTER, schema_file=str(self.work / "schema.cql"),
+                        kafka_bootstrap=self.kafka.broker.bootstrap, topic_prefix=f"soak{uuid.uuid4().hex[:6]}",
+                        kafka_timeout_s=10, max_bytes=P.PipelineConfig.driver_batch_max_bytes)
+        if self.spark is not None:
+            # every batch through spark-submit on the cluster (at most one executor of 512 MiB: 2 cores)
+            settings.update(spark_submit=True, spark_master=self.spark.master_url,
+                            spark_submit_bin=str(Path(sys.executable).parent / "spark-submit"),
+                            spark_conf={"spark.executor.memory": "512m", "spark.sql.shuffle.partitions": "2",
+                                        "spark.databricks.delta.snapshotPartitions": "2"})
+        self.cfg = P.PipelineConfig(**settings)
         self.store = P.open_store(self.cfg)
         self.agent_config = AgentConfig(cdc_raw=self.cassandra.node(1).cdc_raw, store_url=str(self.store_dir),
                                         cluster=CLUSTER, node=NODE, state_dir=self.work / "agent")
         self.agent = AgentProcess(self.agent_config, self.work / "agent.log", self.env)
         self.agent.start()
-        self.tasks = TaskLoop(self.cfg, self.work / "tasks.log", self.env)
+        if self.args.airflow:
+            # The DAG's tasks read their settings as in production: the settings file (CASSANDRA_CDC_CONFIG) and
+            # the Kafka connection; no trigger conf.
+            settings_file = self.work / "cassandra-cdc.yaml"
+            settings_file.write_text(json.dumps({"pipeline": settings}, indent=2))      # JSON is YAML
+            env = {**airflow_env(self.airflow_home, kafka_bootstrap=self.kafka.broker.bootstrap, s3=None),
+                   **(self.spark.env if self.spark else {}), "CASSANDRA_CDC_CONFIG": str(settings_file)}
+            self.tasks = AirflowTaskLoop(self.cfg, self.work / "airflow.log", env, self.store)
+        else:
+            self.tasks = TaskLoop(self.cfg, self.work / "tasks.log", self.env)
         self.tasks.start()
 
     def run(self) -> dict:
@@ -544,7 +738,9 @@ class Soak:
         sampler.join()
         sampler.rows.append(sampler.sample())           # the drain's batches
         result.update(writes_acked=acked, writes_failed=failed, faults=faults.log, samples=sampler.rows,
-                      task_runs=self.tasks.runs, seconds=round(self.elapsed(), 1))
+                      task_runs=self.tasks.runs, seconds=round(self.elapsed(), 1), mode=mode_of(args))
+        if args.airflow:
+            result["airflow_starts_s"] = self.tasks.starts
         result["checks"]["load_resumed_after_every_fault"] = _load_resumed(sampler.rows, faults.log,
                                                                            args.minutes * 60)
         all_lags = [x for _, x in sampler.lags]
@@ -630,7 +826,9 @@ class Soak:
                 pid = self.tasks.running_pid()
                 if pid:
                     os.kill(pid, signal.SIGKILL)
-            self.tasks.join(30)
+            self.tasks.join(60)
+        with contextlib.suppress(Exception):
+            self._servers.close()                       # the Spark workers, then the master
 
 
 def _load_resumed(rows: list, faults: list, load_end: float, within: float = 60.0) -> dict:
@@ -659,14 +857,21 @@ def _catch(fn, errors: list) -> None:
         errors.append(e)
 
 
+def mode_of(args) -> str:
+    """How the pipeline ran, in words."""
+    where = "spark-submit on a standalone Spark cluster" if args.spark_cluster else "in the task process, no Spark"
+    how = "the cassandra_cdc DAG's tasks under Airflow (DAG.test)" if args.airflow else "one process per batch"
+    return f"{how}; transform {where}"
+
+
 def report(result: dict, args) -> bool:
     print()
-    print(f"soak: {args.minutes:g} min of load at {args.rate:g} writes/s, faults every {args.fault_every:g} s on "
-          f"average (seed {args.seed}); {result['seconds']:.0f} s in all")
+    print(f"soak ({result['mode']}): {args.minutes:g} min of load at {args.rate:g} writes/s, faults every "
+          f"{args.fault_every:g} s on average (seed {args.seed}); {result['seconds']:.0f} s in all")
     print(f"{'t s':>7} {'writes/s':>9} {'events/s':>9} {'lag p50':>8} {'lag p95':>8} {'segs':>5} {'incoming':>8}  "
           "RSS MiB")
     for r in result["samples"]:
-        rss = " ".join(f"{k.split()[0]}={v:.0f}" for k, v in sorted(r["rss_mib"].items()))
+        rss = " ".join(f"{k.split(' (')[0].replace(' ', '-')}={v:.0f}" for k, v in sorted(r["rss_mib"].items()))
         print(f"{r['t']:7.0f} {r['writes_per_s']:9.1f} {r['events_per_s']:9.1f} {_fmt(r['lag_p50_s']):>8} "
               f"{_fmt(r['lag_p95_s']):>8} {r['segments_published']:5d} {r['incoming']:8d}  {rss}")
     print("faults:")
@@ -674,7 +879,9 @@ def report(result: dict, args) -> bool:
         print(f"  at {t:7.1f} s  {kind:9s} back after {took:5.1f} s  {note}")
     runs = result["task_runs"]
     print(f"pipeline task runs: {runs['batch']} batches, {runs['empty']} found nothing, {runs['killed']} killed, "
-          f"{runs['failed']} failed (and were run again)")
+          f"{runs['failed']} failed (and were run again)"
+          + (f"; the Airflow process started {len(result['airflow_starts_s'])} times, in "
+             f"{', '.join(f'{x:g}' for x in result['airflow_starts_s'])} s" if "airflow_starts_s" in result else ""))
     lag = result["lag_s"]
     print(f"end-to-end lag (segment closed -> its batch's events in Kafka) over {lag['segments']} segments: p50 "
           f"{_fmt(lag['p50'])} s, p95 {_fmt(lag['p95'])} s, max {_fmt(lag['max'])} s (during the load: p50 "
@@ -701,8 +908,13 @@ def main(argv=None) -> int:
     p.add_argument("--rate", type=float, default=50.0, help="writes per second (50)")
     p.add_argument("--fault-every", dest="fault_every", type=float, default=60.0,
                    help="mean seconds between two faults (60)")
-    p.add_argument("--faults", type=lambda s: [f for f in s.split(",") if f], default=list(FAULTS),
-                   help="kinds of fault, comma-separated: " + ",".join(FAULTS))
+    p.add_argument("--faults", type=lambda s: [f for f in s.split(",") if f],
+                   help="kinds of fault, comma-separated: " + ",".join(FAULTS) + " (default: each that applies; "
+                        "spark-worker needs --spark-cluster)")
+    p.add_argument("--spark-cluster", dest="spark_cluster", action="store_true",
+                   help="run every batch with spark-submit on a standalone Spark master and one worker")
+    p.add_argument("--airflow", action="store_true",
+                   help="run the pipeline as the cassandra_cdc DAG's tasks under Airflow (DAG.test, one process)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--sample-every", dest="sample_every", type=float, default=10.0,
                    help="seconds between two samples of the figures (10)")
@@ -711,9 +923,13 @@ def main(argv=None) -> int:
     p.add_argument("--plot", help="SVG to write (default: <work>/soak.svg)")
     p.add_argument("--keep", action="store_true", help="keep the working directory")
     args = p.parse_args(argv)
+    if args.faults is None:
+        args.faults = [f for f in FAULTS if f != "spark-worker" or args.spark_cluster]
     unknown = set(args.faults) - set(FAULTS)
     if unknown:
         p.error(f"unknown fault {sorted(unknown)}: use {','.join(FAULTS)}")
+    if "spark-worker" in args.faults and not args.spark_cluster:
+        p.error("the spark-worker fault needs --spark-cluster (without it no batch runs on Spark)")
     soak = Soak(args)
     keep = args.keep or args.work is not None
     try:
@@ -723,13 +939,14 @@ def main(argv=None) -> int:
     (soak.work / "soak.json").write_text(json.dumps(result, indent=2, default=str))
     plot = Path(args.plot) if args.plot else soak.work / "soak.svg"
     write_svg(plot, result["samples"], result["faults"],
-              f"cassandra-cdc soak: {args.minutes:g} min, {args.rate:g} writes/s, seed {args.seed}",
+              f"cassandra-cdc soak ({mode_of(args)}): {args.minutes:g} min, {args.rate:g} writes/s, seed {args.seed}",
               load_end=args.minutes * 60)
     ok = report(result, args)
     if not keep and ok:                 # the servers' data; the figures and the plot stay
-        for sub in ("cassandra", "kafka", "store"):
+        for sub in ("cassandra", "kafka", "store", "spark", "airflow"):
             shutil.rmtree(soak.work / sub, ignore_errors=True)
-    print(f"figures: {soak.work / 'soak.json'}; plot: {plot}; logs: {soak.work}/agent.log, tasks.log")
+    print(f"figures: {soak.work / 'soak.json'}; plot: {plot}; logs: {soak.work}/agent.log, "
+          + ("airflow.log" if args.airflow else "tasks.log") + (", spark/logs" if args.spark_cluster else ""))
     return 0 if ok else 1
 
 

@@ -324,3 +324,20 @@ def test_s3_timeout_s_reaches_s3a_and_the_jobs_fsspec_and_delta_rs():
     job = PipelineConfig(store_url=cfg.store_url, **s3_settings_from_spark(props))
     assert job.s3_timeout_s == 20
     assert (job.fs_options(), job.delta_options()) == (cfg.fs_options(), cfg.delta_options())
+
+
+def test_a_sigkilled_worker_started_again_registers_with_the_master(spark_cluster):
+    """What the soak's ``spark-worker`` fault does (``benchmarks/soak.py --spark-cluster``): worker 2's JVM
+    SIGKILLed is gone and reaped, then started again on its work directory as a new JVM that the master lists
+    ALIVE beside worker 1 (the dead one no longer); ``pids`` follow. (Last in the module: the tests above count on
+    the cluster as it started.)"""
+    from cdc_lib.demo.servers import _alive_worker_ports
+    master, worker1, worker2 = spark_cluster.pids
+    assert spark_cluster.kill_worker(2) == worker2
+    assert spark_cluster.worker_pid(2) is None and spark_cluster.worker_pid(1) == worker1
+    new = spark_cluster.start_worker(2)
+    assert new != worker2 and spark_cluster.pids == (master, worker1, new) and spark_cluster.worker_pid(2) == new
+    deadline = time.monotonic() + 60
+    while len(_alive_worker_ports(spark_cluster.web_url) or ()) != 2:
+        assert time.monotonic() < deadline, f"the master lists {_alive_worker_ports(spark_cluster.web_url)} ALIVE"
+        time.sleep(0.5)

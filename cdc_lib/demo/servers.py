@@ -11,7 +11,8 @@ Context managers (use directly when a test needs a private server or its PID):
     run_kafka_broker()    -> KafkaBroker     (.bootstrap "127.0.0.1:PORT", .pid, .log_path, .log_dirs, ...)
     run_s3_server()       -> S3Server        (.endpoint_url, .access_key, .secret_key, .bucket, .pid, ...)
     run_schema_registry() -> SchemaRegistry  (.url: the ccompat API root for Confluent clients, .pid, ...)
-    run_spark_cluster()   -> SparkCluster    (.master_url "spark://127.0.0.1:PORT", .pids, .worker_dirs, ...)
+    run_spark_cluster()   -> SparkCluster    (.master_url "spark://127.0.0.1:PORT", .pids, .worker_dirs,
+                                              .kill_worker(n), .start_worker(n), ...)
 The pytest fixtures built on these live in tests/servers.py; the demo (``cdc_lib.demo``) uses the context
 managers directly.
 """
@@ -565,14 +566,41 @@ def _remove_weed_sockets(ports: list[int]) -> None:
 class SparkCluster:
     """A running Spark standalone cluster: one Master and its Workers, each its own JVM (``pids``: master first).
     ``env``: the environment to give ``spark-submit`` (and a driver) for this cluster (loopback only, quiet
-    logs); ``worker_dirs``: each worker's work directory, where its executors' stdout/stderr land."""
+    logs); ``worker_dirs``: each worker's work directory, where its executors' stdout/stderr land.
+    ``kill_worker(n)`` / ``start_worker(n)``: SIGKILL worker ``n`` (1-based) and start it again on its work
+    directory (a fault the soak injects); ``pids`` follows."""
 
     master_url: str
     web_url: str
-    pids: tuple
     worker_dirs: tuple
     env: Mapping[str, str]
     start_seconds: float
+    _procs: list = field(repr=False, compare=False)              # ServerProcess: master, then worker 1, 2, ...
+    _start_worker: Callable = field(repr=False, compare=False)   # n -> ServerProcess, registered with the master
+
+    @property
+    def pids(self) -> tuple:
+        return tuple(p.pid for p in self._procs)
+
+    def worker_pid(self, n: int) -> int | None:
+        proc = self._procs[n]
+        return proc.pid if proc.alive() else None
+
+    def kill_worker(self, n: int) -> int:
+        """SIGKILL worker ``n``'s JVM (no shutdown hook: its executors lose their worker) and reap it; its PID."""
+        proc = self._procs[n]
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.popen.wait(60)
+        return proc.pid
+
+    def start_worker(self, n: int) -> int:
+        """Start worker ``n`` again (new ports, same cores, memory and work directory); returns once the master
+        registered it. Its PID."""
+        if self._procs[n].alive():
+            raise RuntimeError(f"spark worker {n} (pid {self._procs[n].pid}) is running")
+        self._procs[n] = self._start_worker(n)
+        return self._procs[n].pid
 
     def __str__(self) -> str:
         return self.master_url
@@ -596,13 +624,14 @@ def spark_cluster_env(workdir: Path) -> dict:
             "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
 
 
-def _alive_workers(web_url: str) -> int:
+def _alive_worker_ports(web_url: str) -> set | None:
+    """The ports of the workers the master's status page lists ALIVE; None while it does not answer."""
     try:
         with urllib.request.urlopen(f"{web_url}/json", timeout=2) as resp:
             state = json.loads(resp.read())
     except Exception:  # noqa: BLE001 - not up yet
-        return -1
-    return sum(1 for w in state.get("workers", []) if w.get("state") == "ALIVE")
+        return None
+    return {w.get("port") for w in state.get("workers", []) if w.get("state") == "ALIVE"}
 
 
 @contextlib.contextmanager
@@ -620,7 +649,7 @@ def run_spark_cluster(workdir: Path | None = None, workers: int = 2, cores: int 
     procs: list = []
     t0 = time.monotonic()
 
-    def start(name, argv, ready):
+    def start(name, argv, ready) -> ServerProcess:
         # spark-class ends in `exec java`: the PID we start is the JVM's
         log_path = workdir / "logs" / f"{name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -628,32 +657,43 @@ def run_spark_cluster(workdir: Path | None = None, workers: int = 2, cores: int 
             popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      cwd=workdir, env=env, start_new_session=True)
         proc = ServerProcess(name, popen, log_path)
-        procs.append(proc)
         deadline = time.monotonic() + timeout
-        while not ready(proc):
-            if not proc.alive():
-                raise ServerStartError(f"{name} exited with code {popen.returncode} while starting; log "
-                                       f"{log_path}:\n{proc.log_tail()}")
-            if time.monotonic() > deadline:
-                raise ServerStartError(f"{name} (pid {proc.pid}) not ready after {timeout:.0f} s; log "
-                                       f"{log_path}:\n{proc.log_tail()}")
-            time.sleep(0.2)
+        try:
+            while not ready(proc):
+                if not proc.alive():
+                    raise ServerStartError(f"{name} exited with code {popen.returncode} while starting; log "
+                                           f"{log_path}:\n{proc.log_tail()}")
+                if time.monotonic() > deadline:
+                    raise ServerStartError(f"{name} (pid {proc.pid}) not ready after {timeout:.0f} s; log "
+                                           f"{log_path}:\n{proc.log_tail()}")
+                time.sleep(0.2)
+        except BaseException:
+            proc.stop()
+            raise
+        return proc
+
+    def start_worker(n: int) -> ServerProcess:
+        wdir = worker_dirs[n - 1]
+        wdir.mkdir(parents=True, exist_ok=True)
+        worker_port = free_port()
+        # ready when the master lists a worker on this port ALIVE (after a kill, its count of ALIVE workers may
+        # still include the dead one for a moment)
+        return start(f"spark-worker-{n}", [spark_class, "org.apache.spark.deploy.worker.Worker", master_url,
+                                           "--host", LOOPBACK, "--port", str(worker_port),
+                                           "--webui-port", str(free_port()), "--cores", str(cores),
+                                           "--memory", memory, "--work-dir", str(wdir)],
+                     lambda p: worker_port in _alive_worker_ports(web_url))
 
     worker_dirs = tuple(workdir / "work" / f"worker-{n}" for n in range(1, workers + 1))
     try:
-        start("spark-master", [spark_class, "org.apache.spark.deploy.master.Master", "--host", LOOPBACK,
-                               "--port", str(port), "--webui-port", str(web_port)],
-              lambda p: _pid_listens_on(p.pid, port) and _alive_workers(web_url) >= 0)
-        for n, wdir in enumerate(worker_dirs, 1):
-            wdir.mkdir(parents=True, exist_ok=True)
-            start(f"spark-worker-{n}", [spark_class, "org.apache.spark.deploy.worker.Worker", master_url,
-                                        "--host", LOOPBACK, "--port", str(free_port()),
-                                        "--webui-port", str(free_port()), "--cores", str(cores),
-                                        "--memory", memory, "--work-dir", str(wdir)],
-                  lambda p, n=n: _alive_workers(web_url) >= n)
-        yield SparkCluster(master_url, web_url, tuple(p.pid for p in procs), worker_dirs,
+        procs.append(start("spark-master", [spark_class, "org.apache.spark.deploy.master.Master", "--host",
+                                            LOOPBACK, "--port", str(port), "--webui-port", str(web_port)],
+                           lambda p: _pid_listens_on(p.pid, port) and _alive_worker_ports(web_url) is not None))
+        for n in range(1, workers + 1):
+            procs.append(start_worker(n))
+        yield SparkCluster(master_url, web_url, worker_dirs,
                            {k: v for k, v in env.items() if k.startswith(("SPARK_", "PYSPARK_"))},
-                           time.monotonic() - t0)
+                           time.monotonic() - t0, procs, start_worker)
     finally:
         for proc in reversed(procs):
             proc.stop()
