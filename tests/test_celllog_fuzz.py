@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from celllog_diff import check, examples, reader  # noqa: F401 - reader is a fixture
+from celllog_diff import check, examples, reader, require  # noqa: F401 - reader is a fixture
 from celllog_gen import MutationGen, random_schema
 from cdc_lib import wire
 from cdc_lib.celllog import mutation_records, records_to_batch
@@ -173,9 +173,8 @@ def sample_schema():
     return sample_schema()
 
 
-def test_native_token_crc_and_mutation_id_match_python(reader):
-    if reader != "native":
-        pytest.skip("compares the compiled functions with Python's")
+def test_native_token_crc_and_mutation_id_match_python():
+    require("native")
     import cdc_native
 
     from cdc_lib.commitlog.model import mutation_id

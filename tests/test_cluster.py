@@ -29,7 +29,6 @@ from cdc_lib import pipeline as P
 from cdc_lib.demo.servers import run_s3_server, run_spark_cluster
 from cdc_lib.storage.layout import Layout
 
-pytest.importorskip("pyspark")
 
 
 @pytest.fixture(scope="module")
