@@ -511,6 +511,21 @@ def _hints_pending(cluster: LocalCassandra, i: int) -> bool:
     return "does not have any pending hints" not in cluster.nodetool(i, "listpendinghints")
 
 
+def _logged_since(cluster: LocalCassandra, node: int, schema, table_id, since_ms: int) -> int:
+    """How many mutations of ``table_id`` node ``node`` has logged so far in commit-log segments it created after
+    ``since_ms`` (its live commit log: the segment being written ends in bytes not synced yet, skipped)."""
+    count = 0
+    for path in cluster.node(node).commitlog.glob("CommitLog-*.log"):
+        if int(path.stem.split("-")[2]) <= since_ms:
+            continue
+        for rec in SegmentReader(path):
+            if isinstance(rec, Damage):
+                break                                       # the part of the live segment not written yet
+            m = decode_entry(rec, schema)
+            count += isinstance(m, Mutation) and any(u.table_id == table_id for u in m.updates)
+    return count
+
+
 def _replica_differences(per_node: dict) -> str:
     """Which node lacks which mutation, by partition key: what a failing id comparison needs to be understood."""
     ids = {i: {m.mutation_id: m for _, _, m in rows} for i, rows in per_node.items()}
@@ -578,20 +593,24 @@ def test_three_nodes_replica_copies_and_a_hinted_late_arrival(tmp_path, kafka_br
         hinted += ["UPDATE r.t SET v = 'late on node 3' WHERE k = 0 AND c = 1", "DELETE FROM r.t WHERE k = 1 AND c = 3"]
         for cql in hinted:
             session.execute(SimpleStatement(cql, consistency_level=ConsistencyLevel.ONE))
-        # Only once the hints are on the coordinators' disks does "no pending hints" mean delivered, not "not
-        # written yet". Every node's hints count, not only those for node 3: on a loaded machine a coordinator may
-        # also have judged node 1 or 2 down for a moment and kept hints for it (seen in CI). The table has
-        # read_repair NONE: a read before delivery would otherwise repair a replica with mutations of other bytes,
-        # and a replica still lacking a write fails the id comparison below instead of being patched silently.
-        time.sleep(3)
-        restarted_at_ms = int(time.time() * 1000)
-        cluster.start_node(3)
-        wait_for("hint replay on every node", lambda: not any(_hints_pending(cluster, i) for i in (1, 2, 3)),
-                 timeout=300, every=2.0)
-        hints_s = time.monotonic() - t0
         ddl = describe(session, "r")
         schema = load_cql_schema(ddl)
         table = schema.by_name("r", "t")
+        restarted_at_ms = int(time.time() * 1000)
+        cluster.start_node(3)
+        # Delivered means logged by node 3: "no pending hints" is no proof, as `listpendinghints` lists only hint
+        # files already closed, and a coordinator's open one is closed only when its dispatch begins (seen in CI:
+        # node 3 drained without the hints, none ever listed). Then every node's hints must be gone: on a loaded
+        # machine a coordinator may also have judged node 1 or 2 down for a moment and kept hints for it (seen in
+        # CI). The table has read_repair NONE: a read before delivery would otherwise repair a replica with
+        # mutations of other bytes, and a replica still lacking a write fails the id comparison below instead of
+        # being patched silently.
+        wait_for("node 3 logging the hinted writes",
+                 lambda: _logged_since(cluster, 3, schema, table.id, restarted_at_ms) >= len(hinted), timeout=300,
+                 every=2.0)
+        wait_for("hint replay on every node", lambda: not any(_hints_pending(cluster, i) for i in (1, 2, 3)),
+                 timeout=300, every=2.0)
+        hints_s = time.monotonic() - t0
         expected, native = select_rows(session, table), select_native(session, table)
         now = int(time.time())
         cluster.nodetool_all("drain")
