@@ -122,12 +122,15 @@ class ServerProcess:
 
 
 def _start_process(name: str, argv: list[str], log_path: Path, ready: Callable[[ServerProcess], bool],
-                   timeout: float, cwd: Path) -> ServerProcess:
-    """Start ``argv`` and poll ``ready`` until it says yes; raise ServerStartError (process stopped) if not."""
+                   timeout: float, cwd: Path, env: Mapping[str, str] | None = None,
+                   poll_s: float = 0.05) -> ServerProcess:
+    """Start ``argv`` and poll ``ready`` every ``poll_s`` until it says yes; raise ServerStartError (process
+    stopped) if not."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 cwd=cwd, start_new_session=True)  # own session: Ctrl-C in pytest doesn't orphan it
+                                 cwd=cwd, env=env,
+                                 start_new_session=True)  # own session: Ctrl-C in pytest doesn't orphan it
     proc = ServerProcess(name, popen, log_path)
     deadline = time.monotonic() + timeout
     try:
@@ -140,7 +143,7 @@ def _start_process(name: str, argv: list[str], log_path: Path, ready: Callable[[
             if time.monotonic() > deadline:
                 raise ServerStartError(f"{name} (pid {proc.pid}) not ready after {timeout:.0f} s; "
                                        f"log {log_path}:\n{proc.log_tail()}")
-            time.sleep(0.05)
+            time.sleep(poll_s)
     except BaseException:
         proc.stop()
         raise
@@ -651,26 +654,8 @@ def run_spark_cluster(workdir: Path | None = None, workers: int = 2, cores: int 
 
     def start(name, argv, ready) -> ServerProcess:
         # spark-class ends in `exec java`: the PID we start is the JVM's
-        log_path = workdir / "logs" / f"{name}.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as log:
-            popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     cwd=workdir, env=env, start_new_session=True)
-        proc = ServerProcess(name, popen, log_path)
-        deadline = time.monotonic() + timeout
-        try:
-            while not ready(proc):
-                if not proc.alive():
-                    raise ServerStartError(f"{name} exited with code {popen.returncode} while starting; log "
-                                           f"{log_path}:\n{proc.log_tail()}")
-                if time.monotonic() > deadline:
-                    raise ServerStartError(f"{name} (pid {proc.pid}) not ready after {timeout:.0f} s; log "
-                                           f"{log_path}:\n{proc.log_tail()}")
-                time.sleep(0.2)
-        except BaseException:
-            proc.stop()
-            raise
-        return proc
+        return _start_process(name, argv, workdir / "logs" / f"{name}.log", ready, timeout, workdir, env=env,
+                              poll_s=0.2)
 
     def start_worker(n: int) -> ServerProcess:
         wdir = worker_dirs[n - 1]
