@@ -49,7 +49,7 @@ from cdc_lib.demo.compare import (Comparison, compare_native, compare_table, del
 from cdc_lib.settings import AgentConfig
 from cdc_lib.sinks.delta import read_outbox, read_state, states_from_rows
 from cdc_lib.sinks.kafka import table_topic
-from cdc_lib.storage.layout import Layout
+from cdc_lib.storage.layout import Layout, parse_segment_name
 
 CLUSTER = "real"
 SHORT_TTL = 12
@@ -75,7 +75,7 @@ class Scenario:
 
     def archived(self, node: int) -> list:
         d = self.store / "archived" / CLUSTER / f"node{node}"
-        return sorted(d.glob("CommitLog-*.log"), key=lambda p: int(p.stem.split("-")[2]))
+        return sorted(d.glob("CommitLog-*.log"), key=lambda p: parse_segment_name(p.name)[1])
 
 
 def _cdc_raw_files(cluster: LocalCassandra) -> dict:
@@ -511,19 +511,24 @@ def _hints_pending(cluster: LocalCassandra, i: int) -> bool:
     return "does not have any pending hints" not in cluster.nodetool(i, "listpendinghints")
 
 
+def _segment_mutations(reader: SegmentReader, schema, table_id, *, live: bool = False):
+    """(position, mutation) of ``table_id``'s mutations in one segment, in log order. ``live``: a segment being
+    written, whose end holds bytes not synced yet (read until there); otherwise any damage fails the test."""
+    for rec in reader:
+        if isinstance(rec, Damage):
+            assert live, rec
+            break
+        m = decode_entry(rec, schema)
+        if isinstance(m, Mutation) and any(u.table_id == table_id for u in m.updates):
+            yield rec.position, m
+
+
 def _logged_since(cluster: LocalCassandra, node: int, schema, table_id, since_ms: int) -> int:
     """How many mutations of ``table_id`` node ``node`` has logged so far in commit-log segments it created after
-    ``since_ms`` (its live commit log: the segment being written ends in bytes not synced yet, skipped)."""
-    count = 0
-    for path in cluster.node(node).commitlog.glob("CommitLog-*.log"):
-        if int(path.stem.split("-")[2]) <= since_ms:
-            continue
-        for rec in SegmentReader(path):
-            if isinstance(rec, Damage):
-                break                                       # the part of the live segment not written yet
-            m = decode_entry(rec, schema)
-            count += isinstance(m, Mutation) and any(u.table_id == table_id for u in m.updates)
-    return count
+    ``since_ms`` (its live commit log)."""
+    return sum(1 for path in cluster.node(node).commitlog.glob("CommitLog-*.log")
+               if parse_segment_name(path.name)[1] > since_ms
+               for _ in _segment_mutations(SegmentReader(path), schema, table_id, live=True))
 
 
 def _replica_differences(per_node: dict) -> str:
@@ -542,14 +547,10 @@ def _table_mutations(cluster: LocalCassandra, node: int, schema, table_id) -> li
     """(segment id, position, mutation) of ``table_id``'s mutations in node ``node``'s cdc_raw, in log order;
     and every segment's compressor."""
     out, compressors = [], set()
-    paths = sorted(cluster.node(node).cdc_raw.glob("CommitLog-*.log"), key=lambda p: int(p.stem.split("-")[2]))
-    for path in paths:
+    for segment_id, path in sorted((parse_segment_name(p.name)[1], p)
+                                   for p in cluster.node(node).cdc_raw.glob("CommitLog-*.log")):
         reader = SegmentReader(path)
-        for rec in reader:
-            assert not isinstance(rec, Damage), rec
-            m = decode_entry(rec, schema)
-            if isinstance(m, Mutation) and any(u.table_id == table_id for u in m.updates):
-                out.append((int(path.stem.split("-")[2]), rec.position, m))
+        out += [(segment_id, position, m) for position, m in _segment_mutations(reader, schema, table_id)]
         compressors.add((reader.header.compression_class or "").rsplit(".", 1)[-1] or None)
     return out, compressors
 
