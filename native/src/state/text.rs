@@ -1,0 +1,301 @@
+//! Text forms that must match Python's byte for byte: `json.dumps(..., ensure_ascii=False)` strings and floats,
+//! `repr()` of the values event ids hash, `str(decimal.Decimal)`, and big integers in decimal.
+
+use std::fmt::Write;
+
+/// A JSON string as `json.dumps(s, ensure_ascii=False)` writes it.
+pub fn json_str(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// `repr(float)` of a finite double: the shortest digits that read back to it (as Python's and Rust's shortest
+/// formatting both give), laid out as Python lays them out.
+pub fn py_float_repr(out: &mut String, v: f64) {
+    let s = format!("{v:e}"); // e.g. "1.2345e-5", "-0e0", "1e16"
+    let (mant, exp) = s.split_once('e').expect("LowerExp has an exponent");
+    let exp: i32 = exp.parse().expect("exponent");
+    let (neg, mant) = match mant.strip_prefix('-') {
+        Some(m) => (true, m),
+        None => (false, mant),
+    };
+    let digits: String = mant.chars().filter(|c| *c != '.').collect();
+    let decpt = exp + 1; // the value is 0.DIGITS x 10^decpt
+    if neg {
+        out.push('-');
+    }
+    if decpt > -4 && decpt <= 16 {
+        let n = digits.len() as i32;
+        if decpt <= 0 {
+            out.push_str("0.");
+            for _ in 0..(-decpt) {
+                out.push('0');
+            }
+            out.push_str(&digits);
+        } else if decpt >= n {
+            out.push_str(&digits);
+            for _ in 0..(decpt - n) {
+                out.push('0');
+            }
+            out.push_str(".0");
+        } else {
+            out.push_str(&digits[..decpt as usize]);
+            out.push('.');
+            out.push_str(&digits[decpt as usize..]);
+        }
+    } else {
+        out.push_str(&digits[..1]);
+        if digits.len() > 1 {
+            out.push('.');
+            out.push_str(&digits[1..]);
+        }
+        let e = decpt - 1;
+        let _ = write!(out, "e{}{:02}", if e < 0 { '-' } else { '+' }, e.abs());
+    }
+}
+
+/// `cql.types._float32_json` of a finite float32 value: the shortest `%.{p}g` decimal (p = 1..9) that reads
+/// back to the same float32, as the double Python makes of it.
+pub fn float32_json(out: &mut String, v: f32) {
+    let target = v.to_bits();
+    let wide = v as f64;
+    for p in 1..10usize {
+        let text = format!("{:.*e}", p - 1, wide); // correctly rounded, as Python's format(v, ".{p}g")
+        let s: f64 = text.parse().expect("formatted float parses");
+        let back = s as f32;
+        if back.is_infinite() && !s.is_infinite() {
+            continue; // struct.pack('>f') overflows: not this float
+        }
+        if back.to_bits() == target {
+            py_float_repr(out, s);
+            return;
+        }
+    }
+    py_float_repr(out, wide);
+}
+
+/// The magnitude of a big-endian two's complement integer, as little-endian u64 limbs, and its sign.
+pub fn bigint_magnitude(b: &[u8]) -> (bool, Vec<u64>) {
+    let neg = !b.is_empty() && b[0] & 0x80 != 0;
+    // two's complement -> magnitude: invert and add one when negative
+    let mut bytes: Vec<u8> = if neg { b.iter().map(|x| !x).collect() } else { b.to_vec() };
+    if neg {
+        for x in bytes.iter_mut().rev() {
+            let (s, carry) = x.overflowing_add(1);
+            *x = s;
+            if !carry {
+                break;
+            }
+        }
+    }
+    let mut limbs = Vec::with_capacity(bytes.len() / 8 + 1);
+    let mut i = bytes.len();
+    while i > 0 {
+        let lo = i.saturating_sub(8);
+        let mut w = 0u64;
+        for &x in &bytes[lo..i] {
+            w = (w << 8) | x as u64;
+        }
+        limbs.push(w);
+        i = lo;
+    }
+    while limbs.last() == Some(&0) {
+        limbs.pop();
+    }
+    (neg && !limbs.is_empty(), limbs)
+}
+
+/// Decimal digits of a magnitude (little-endian u64 limbs); "0" for zero.
+pub fn magnitude_digits(limbs: &[u64]) -> String {
+    if limbs.is_empty() {
+        return "0".to_string();
+    }
+    let mut l = limbs.to_vec();
+    let mut chunks: Vec<u64> = Vec::new(); // base 10^19, least significant first
+    const BASE: u128 = 10_000_000_000_000_000_000;
+    while !l.is_empty() {
+        let mut rem: u128 = 0;
+        for w in l.iter_mut().rev() {
+            let cur = (rem << 64) | *w as u128;
+            *w = (cur / BASE) as u64;
+            rem = cur % BASE;
+        }
+        chunks.push(rem as u64);
+        while l.last() == Some(&0) {
+            l.pop();
+        }
+    }
+    let mut s = chunks.last().unwrap().to_string();
+    for c in chunks.iter().rev().skip(1) {
+        let _ = write!(s, "{c:019}");
+    }
+    s
+}
+
+/// `str(int.from_bytes(b, "big", signed=True))`.
+pub fn bigint_str(b: &[u8]) -> String {
+    let (neg, limbs) = bigint_magnitude(b);
+    let d = magnitude_digits(&limbs);
+    if neg {
+        format!("-{d}")
+    } else {
+        d
+    }
+}
+
+/// The value of a big-endian two's complement integer when it fits in an i128.
+pub fn bigint_i128(b: &[u8]) -> Option<i128> {
+    if b.len() > 16 {
+        let (neg, limbs) = bigint_magnitude(b);
+        if limbs.len() > 2 || (limbs.len() == 2 && limbs[1] >> 63 != 0) {
+            return None;
+        }
+        let m = limbs.first().copied().unwrap_or(0) as i128 | ((limbs.get(1).copied().unwrap_or(0) as i128) << 64);
+        return Some(if neg { -m } else { m });
+    }
+    let mut v: i128 = if !b.is_empty() && b[0] & 0x80 != 0 { -1 } else { 0 };
+    for &x in b {
+        v = (v << 8) | x as i128;
+    }
+    Some(v)
+}
+
+/// `str(decimal.Decimal((sign, digits, -scale)))` for the decimal `unscaled x 10^-scale`.
+pub fn decimal_str(out: &mut String, unscaled: &[u8], scale: i32) {
+    let (neg, limbs) = bigint_magnitude(unscaled);
+    let int = magnitude_digits(&limbs);
+    let exp = -(scale as i64);
+    let leftdigits = exp + int.len() as i64;
+    let dotplace = if exp <= 0 && leftdigits > -6 { leftdigits } else { 1 };
+    if neg {
+        out.push('-');
+    }
+    if dotplace <= 0 {
+        out.push_str("0.");
+        for _ in 0..(-dotplace) {
+            out.push('0');
+        }
+        out.push_str(&int);
+    } else if dotplace >= int.len() as i64 {
+        out.push_str(&int);
+        for _ in 0..(dotplace - int.len() as i64) {
+            out.push('0');
+        }
+    } else {
+        out.push_str(&int[..dotplace as usize]);
+        out.push('.');
+        out.push_str(&int[dotplace as usize..]);
+    }
+    if leftdigits != dotplace {
+        let _ = write!(out, "E{:+}", leftdigits - dotplace);
+    }
+}
+
+// ---- repr() ------------------------------------------------------------------------------------------------
+
+/// `repr(bytes)`.
+pub fn repr_bytes(out: &mut String, b: &[u8]) {
+    let quote = if b.contains(&b'\'') && !b.contains(&b'"') { '"' } else { '\'' };
+    out.push('b');
+    out.push(quote);
+    for &c in b {
+        match c {
+            b'\\' => out.push_str("\\\\"),
+            b'\t' => out.push_str("\\t"),
+            b'\n' => out.push_str("\\n"),
+            b'\r' => out.push_str("\\r"),
+            c if c == quote as u8 => {
+                out.push('\\');
+                out.push(c as char);
+            }
+            0x20..=0x7e => out.push(c as char),
+            c => {
+                let _ = write!(out, "\\x{c:02x}");
+            }
+        }
+    }
+    out.push(quote);
+}
+
+/// `repr(str)` of a string of printable ASCII characters; None for any other string (Python's rules for the
+/// rest depend on the Unicode database: the caller leaves such strings to Python).
+pub fn repr_ascii_str(out: &mut String, s: &str) -> Option<()> {
+    if !s.bytes().all(|c| (0x20..=0x7e).contains(&c)) {
+        return None;
+    }
+    let quote = if s.contains('\'') && !s.contains('"') { '"' } else { '\'' };
+    out.push(quote);
+    for c in s.chars() {
+        if c == '\\' || c == quote {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push(quote);
+    Some(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn repr(v: f64) -> String {
+        let mut s = String::new();
+        py_float_repr(&mut s, v);
+        s
+    }
+
+    #[test]
+    fn float_repr_like_python() {
+        assert_eq!(repr(1e16), "1e+16");
+        assert_eq!(repr(1e15), "1000000000000000.0");
+        assert_eq!(repr(0.0001), "0.0001");
+        assert_eq!(repr(0.00001), "1e-05");
+        assert_eq!(repr(-0.0), "-0.0");
+        assert_eq!(repr(1.5), "1.5");
+        assert_eq!(repr(123456789.125), "123456789.125");
+        assert_eq!(repr(1e100), "1e+100");
+        assert_eq!(repr(3.4028234663852886e38), "3.4028234663852886e+38");
+    }
+
+    #[test]
+    fn decimal_like_python() {
+        let d = |u: i64, s: i32| {
+            let mut o = String::new();
+            decimal_str(&mut o, &u.to_be_bytes(), s);
+            o
+        };
+        assert_eq!(d(150, 2), "1.50");
+        assert_eq!(d(0, 0), "0");
+        assert_eq!(d(-5, 0), "-5");
+        assert_eq!(d(5, -3), "5E+3");
+        assert_eq!(d(123, 10), "1.23E-8");
+        assert_eq!(d(0, 3), "0.000");
+        assert_eq!(d(1, 6), "0.000001");
+        assert_eq!(d(1, 7), "1E-7");
+    }
+
+    #[test]
+    fn bigints() {
+        assert_eq!(bigint_str(&[0xff]), "-1");
+        assert_eq!(bigint_str(&[0x00, 0x80]), "128");
+        assert_eq!(bigint_str(&[0x80]), "-128");
+        let big = [0x7fu8, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff];
+        assert_eq!(bigint_str(&big), "39614081257132168796771975167");
+    }
+}
