@@ -17,6 +17,7 @@ pub mod columns;
 pub mod container;
 pub mod decode;
 pub mod murmur3;
+pub mod state;
 
 use columns::{Bits, Columns, OptBool, Var};
 use container::{Counts, Event, Segment, Src};

@@ -336,7 +336,7 @@ pub fn duration_parts(b: &[u8]) -> D<(i64, i64, i64)> {
 pub fn format_duration(out: &mut String, months: i64, days: i64, nanos: i64) {
     use std::fmt::Write;
     let start = out.len();
-    let mut unit = |out: &mut String, dividend: i128, divisor: i128, name: &str| -> i128 {
+    let unit = |out: &mut String, dividend: i128, divisor: i128, name: &str| -> i128 {
         if dividend == 0 || dividend < divisor {
             return dividend;
         }
@@ -1061,10 +1061,10 @@ fn sort_key_inner(t: &Ty, a: &[u8], b: &[u8]) -> D<Ordering> {
         }
         Ty::Map(k, v, _) => {
             let (ea, eb) = (sort_key_elements_map(a).ok_or(Doubt)?, sort_key_elements_map(b).ok_or(Doubt)?);
-            let tag = |els: Vec<Option<&[u8]>>| -> Vec<(Option<&[u8]>, &Ty)> {
-                els.into_iter().enumerate().map(|(i, x)| (x, if i % 2 == 0 { &**k } else { &**v })).collect::<Vec<_>>()
-            };
-            let (wa, wb) = (tag(ea), tag(eb));
+            let (kt, vt): (&Ty, &Ty) = (k, v);
+            let tag = |i: usize| if i % 2 == 0 { kt } else { vt };
+            let wa: Vec<_> = ea.into_iter().enumerate().map(|(i, x)| (x, tag(i))).collect();
+            let wb: Vec<_> = eb.into_iter().enumerate().map(|(i, x)| (x, tag(i))).collect();
             seq_cmp(&wa, &wb)?
         }
         Ty::Tuple(f) | Ty::Udt(_, f, _) => {

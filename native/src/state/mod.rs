@@ -1,0 +1,6 @@
+pub mod arrow_in;
+pub mod engine;
+pub mod out;
+pub mod table;
+pub mod text;
+pub mod types;
