@@ -132,7 +132,7 @@ fn slice_of(b: &PyBuffer<u8>) -> &[u8] {
 
 /// What `cdc_lib` expects of this module: bumped whenever a class or function changes, so that a module built
 /// from older sources is not used by newer Python code (`cdc_lib.celllog.native`).
-const API: u32 = 1;
+const API: u32 = 2;
 
 const EV_END: u8 = 0;
 const EV_BATCH: u8 = 1;
@@ -431,6 +431,129 @@ fn mutation_id<'py>(py: Python<'py>, data: &[u8]) -> Bound<'py, PyBytes> {
     PyBytes::new(py, blake2b_simd::Params::new().hash_length(16).hash(data).as_bytes())
 }
 
+
+// ---- the state engine (state.native) ---------------------------------------------------------------------
+
+use state::arrow_in::{Col, FFIArrowArray, FFIArrowSchema};
+use state::out::Out;
+use state::table::{ColumnDesc, Role};
+use state::types::Ty;
+
+/// A CQL type from `state.native.type_desc`: (kind, fixed length, multicell, subtypes, field names, dimension).
+fn ty_from_desc(d: &Bound<'_, PyAny>) -> PyResult<Ty> {
+    let (kind, fixed, multicell, subs, fields, dim): (String, Option<u32>, bool, Vec<Bound<'_, PyAny>>, Vec<String>, u32) =
+        d.extract()?;
+    let subs = subs.iter().map(ty_from_desc).collect::<PyResult<Vec<Ty>>>()?;
+    Ty::from_desc(&kind, fixed, multicell, subs, fields, dim)
+        .ok_or_else(|| PyValueError::new_err(format!("type kind {kind:?} is not in the compiled engine")))
+}
+
+/// A table from `state.native.table_desc`.
+fn table_from_desc(d: &Bound<'_, PyAny>) -> PyResult<state::table::Table> {
+    type ColD<'py> = (String, String, Bound<'py, PyAny>, bool);
+    type DropD<'py> = (String, Bound<'py, PyAny>, i64);
+    let (id, keyspace, name, cols, dropped): (String, String, String, Vec<ColD<'_>>, Vec<DropD<'_>>) = d.extract()?;
+    let mut columns = Vec::with_capacity(cols.len());
+    for (cname, role, ty, reversed) in cols {
+        let role = match role.as_str() {
+            "partition_key" => Role::PartitionKey,
+            "clustering" => Role::Clustering,
+            "static" => Role::Static,
+            "regular" => Role::Regular,
+            other => return Err(PyValueError::new_err(format!("column {cname}: unknown kind {other:?}"))),
+        };
+        columns.push(ColumnDesc { name: cname, role, ty: ty_from_desc(&ty)?, reversed });
+    }
+    let dropped = dropped.iter().map(|(n, ty, t)| Ok((n.clone(), ty_from_desc(ty)?, *t))).collect::<PyResult<Vec<_>>>()?;
+    Ok(state::table::Table::new(id, keyspace, name, columns, dropped))
+}
+
+/// Holds the C data interface structs of an exported Arrow array for as long as it is read.
+struct Exported<'py> {
+    _capsules: (Bound<'py, PyAny>, Bound<'py, PyAny>),
+    col: Col,
+}
+
+fn import_array<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Exported<'py>> {
+    use pyo3::types::PyCapsule;
+    let (schema, array): (Bound<'py, PyAny>, Bound<'py, PyAny>) = obj.call_method0("__arrow_c_array__")?.extract()?;
+    let sp = schema.cast::<PyCapsule>()?.pointer_checked(Some(c"arrow_schema"))?.as_ptr() as *const FFIArrowSchema;
+    let ap = array.cast::<PyCapsule>()?.pointer_checked(Some(c"arrow_array"))?.as_ptr() as *const FFIArrowArray;
+    // SAFETY: the capsules hold valid, unreleased structs (pyarrow's export) and live as long as `Exported`
+    let col = unsafe { Col::from_ffi(sp, ap) }.map_err(PyValueError::new_err)?;
+    Ok(Exported { _capsules: (schema, array), col })
+}
+
+fn le_bytes<T: Copy, const N: usize>(v: Vec<T>, f: impl Fn(T) -> [u8; N]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(v.len() * N);
+    for x in v {
+        out.extend_from_slice(&f(x));
+    }
+    out
+}
+
+/// An `Out` as `(length, null count, validity or None, [buffers], [children])` for `pa.Array.from_buffers`.
+fn out_spec(py: Python<'_>, o: Out) -> PyResult<Py<PyAny>> {
+    let validity = |py: Python<'_>, b: Bits| -> PyResult<(usize, Option<Py<PyAny>>)> {
+        let nulls = b.count_zeros();
+        Ok((nulls, if nulls > 0 { Some(bits_buf(py, b)?) } else { None }))
+    };
+    let (len, (nulls, valid), bufs, children): (usize, (usize, Option<Py<PyAny>>), Vec<Py<PyAny>>, Vec<Py<PyAny>>) = match o {
+        Out::Var { offsets, data, valid } => (valid.len, validity(py, valid)?,
+                                              vec![buf(py, BufData::I32(offsets))?, buf(py, BufData::U8(data))?], vec![]),
+        Out::I8 { v, valid } => (valid.len, validity(py, valid)?, vec![buf(py, BufData::U8(le_bytes(v, i8::to_le_bytes)))?], vec![]),
+        Out::I16 { v, valid } => (valid.len, validity(py, valid)?, vec![buf(py, BufData::U8(le_bytes(v, i16::to_le_bytes)))?], vec![]),
+        Out::I32 { v, valid } => (valid.len, validity(py, valid)?, vec![buf(py, BufData::I32(v))?], vec![]),
+        Out::I64 { v, valid } => (valid.len, validity(py, valid)?, vec![buf(py, BufData::I64(v))?], vec![]),
+        Out::F32 { v, valid } => (valid.len, validity(py, valid)?, vec![buf(py, BufData::U8(le_bytes(v, u32::to_le_bytes)))?], vec![]),
+        Out::F64 { v, valid } => (valid.len, validity(py, valid)?, vec![buf(py, BufData::U8(le_bytes(v, u64::to_le_bytes)))?], vec![]),
+        Out::Bool { v, valid } => (valid.len, validity(py, valid)?, vec![bits_buf(py, v)?], vec![]),
+        Out::List { offsets, valid, child } => (valid.len, validity(py, valid)?, vec![buf(py, BufData::I32(offsets))?],
+                                                vec![out_spec(py, *child)?]),
+        Out::Struct { valid, children } => {
+            let kids = children.into_iter().map(|c| out_spec(py, c)).collect::<PyResult<Vec<_>>>()?;
+            (valid.len, validity(py, valid)?, vec![], kids)
+        }
+    };
+    (len, nulls, valid, bufs, children).into_py_any(py)
+}
+
+/// One table's batch through the compiled state engine (see `cdc_lib.state.native.process_table`).
+#[pyfunction]
+#[pyo3(signature = (table_desc, cell_log, stored, expiring, now, prev_now, batch_seq, cluster))]
+#[allow(clippy::too_many_arguments)]
+fn process_table<'py>(py: Python<'py>, table_desc: &Bound<'py, PyAny>, cell_log: &Bound<'py, PyAny>,
+                      stored: &Bound<'py, PyAny>, expiring: Vec<Vec<u8>>, now: i64, prev_now: Option<i64>,
+                      batch_seq: i64, cluster: &str) -> PyResult<Bound<'py, PyDict>> {
+    let mut table = table_from_desc(table_desc)?;
+    let log = import_array(cell_log)?;
+    let st = import_array(stored)?;
+    let settings = state::driver::Settings { now, prev_now, batch_seq, cluster };
+    let out = state::driver::process_table(&mut table, &log.col, &st.col, &expiring, &settings)
+        .map_err(PyValueError::new_err)?;
+    let d = PyDict::new(py);
+    let keys = PyList::empty(py);
+    for (k, tok) in &out.keys {
+        keys.append((PyBytes::new(py, k), *tok))?;
+    }
+    d.set_item("keys", keys)?;
+    d.set_item("doubted", out.doubted)?;
+    d.set_item("changed", out.changed)?;
+    d.set_item("state_rows", out.state.n)?;
+    let ev = out.events;
+    d.set_item("event_partition", buf(py, BufData::I32(ev.partition))?)?;
+    d.set_item("event_ts_us", buf(py, BufData::I64(ev.ts_us))?)?;
+    for (name, o) in [("event_id", ev.event_id), ("op", ev.op), ("key_json", ev.key_json), ("event_json", ev.event_json)] {
+        d.set_item(name, out_spec(py, o)?)?;
+    }
+    let cols = PyList::empty(py);
+    for o in out.state.columns() {
+        cols.append(out_spec(py, o)?)?;
+    }
+    d.set_item("state", cols)?;
+    Ok(d)
+}
+
 #[pymodule]
 fn cdc_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Decoder>()?;
@@ -438,6 +561,7 @@ fn cdc_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(crc32, m)?)?;
     m.add_function(wrap_pyfunction!(token, m)?)?;
     m.add_function(wrap_pyfunction!(mutation_id, m)?)?;
+    m.add_function(wrap_pyfunction!(process_table, m)?)?;
     m.add("EV_END", EV_END)?;
     m.add("EV_BATCH", EV_BATCH)?;
     m.add("EV_DAMAGE", EV_DAMAGE)?;

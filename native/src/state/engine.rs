@@ -28,14 +28,6 @@ pub struct Cell {
     pub value: Vec<u8>,
 }
 
-impl Cell {
-    fn tuple_gt(&self, o: &Cell) -> bool {
-        // Python tuple order (ts, ttl, ldt, tomb, value)
-        (self.ts, self.ttl, self.ldt, self.tomb).cmp(&(o.ts, o.ttl, o.ldt, o.tomb)).then_with(|| self.value.cmp(&o.value))
-            == Ordering::Greater
-    }
-}
-
 #[derive(Clone, PartialEq, Debug, Default)]
 pub struct Complex {
     pub del: Option<Del>,
@@ -72,7 +64,7 @@ impl RowState {
         self.cells.binary_search_by_key(&c, |x| x.0).ok().map(|i| &self.cells[i].1)
     }
 
-    fn set_cell(&mut self, c: ColId, cell: Cell) {
+    pub(crate) fn set_cell(&mut self, c: ColId, cell: Cell) {
         match self.cells.binary_search_by_key(&c, |x| x.0) {
             Ok(i) => self.cells[i].1 = cell,
             Err(i) => self.cells.insert(i, (c, cell)),
@@ -84,7 +76,7 @@ impl RowState {
     }
 
     /// The complex entry of `c` (created empty when missing), and whether it was created.
-    fn complex_mut(&mut self, c: ColId) -> (&mut Complex, bool) {
+    pub(crate) fn complex_mut(&mut self, c: ColId) -> (&mut Complex, bool) {
         match self.complex.binary_search_by_key(&c, |x| x.0) {
             Ok(i) => (&mut self.complex[i].1, false),
             Err(i) => {

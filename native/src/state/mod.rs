@@ -1,4 +1,5 @@
 pub mod arrow_in;
+pub mod driver;
 pub mod engine;
 pub mod out;
 pub mod table;

@@ -174,7 +174,61 @@ impl Out {
         }
     }
 
-    /// A truncation point (to drop what a doubted partition appended): every builder's length.
+    /// Drop everything appended after the first `n` entries (what a doubted partition appended).
+    pub fn truncate(&mut self, n: usize) {
+        match self {
+            Out::Var { offsets, data, valid } => {
+                if n < valid.len {
+                    offsets.truncate(n + 1);
+                    data.truncate(offsets[n] as usize);
+                    valid.truncate(n);
+                }
+            }
+            Out::I8 { v, valid } => {
+                v.truncate(n);
+                valid.truncate(n);
+            }
+            Out::I16 { v, valid } => {
+                v.truncate(n);
+                valid.truncate(n);
+            }
+            Out::I32 { v, valid } => {
+                v.truncate(n);
+                valid.truncate(n);
+            }
+            Out::I64 { v, valid } => {
+                v.truncate(n);
+                valid.truncate(n);
+            }
+            Out::F32 { v, valid } => {
+                v.truncate(n);
+                valid.truncate(n);
+            }
+            Out::F64 { v, valid } => {
+                v.truncate(n);
+                valid.truncate(n);
+            }
+            Out::Bool { v, valid } => {
+                v.truncate(n);
+                valid.truncate(n);
+            }
+            Out::List { offsets, valid, child } => {
+                if n < valid.len {
+                    offsets.truncate(n + 1);
+                    child.truncate(offsets[n] as usize);
+                    valid.truncate(n);
+                }
+            }
+            Out::Struct { valid, children } => {
+                for c in children.iter_mut() {
+                    c.truncate(n);
+                }
+                valid.truncate(n);
+            }
+        }
+    }
+
+    /// Whether a 32-bit offset overflowed (the caller then hands the table to the Python engine).
     pub fn overflowed(&self) -> bool {
         match self {
             Out::Var { data, .. } => data.len() > i32::MAX as usize,
@@ -470,6 +524,7 @@ pub struct StateRows {
     pub live: Out,
     pub next_expiry: Out,
     pub updated_batch: Out,
+    pub oldest_deletion: Out,
     pub delete: Out,
 }
 
@@ -514,6 +569,7 @@ impl StateRows {
             live: boolb(),
             next_expiry: i64b(),
             updated_batch: i64b(),
+            oldest_deletion: i64b(),
             delete: boolb(),
         }
     }
@@ -524,7 +580,7 @@ impl StateRows {
         v.extend([self.partition_key, self.row_kind, self.clustering, self.liveness_ts, self.liveness_ttl,
                   self.liveness_ldt, self.deletion_ts, self.deletion_ldt, self.shadowable_ts, self.shadowable_ldt,
                   self.cells, self.complex_deletions, self.range_tombstones, self.token, self.live, self.next_expiry,
-                  self.updated_batch, self.delete]);
+                  self.updated_batch, self.oldest_deletion, self.delete]);
         v
     }
 
@@ -647,11 +703,12 @@ impl StateRows {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn tail(&mut self, token: i64, live: bool, next_expiry: Option<i64>, batch_seq: i64) {
+    fn tail(&mut self, token: i64, live: bool, next_expiry: Option<i64>, batch_seq: i64, oldest: i64) {
         self.token.i64(token);
         self.live.bool(live);
         self.next_expiry.opt_i64(next_expiry);
         self.updated_batch.i64(batch_seq);
+        self.oldest_deletion.i64(oldest);
         self.delete.bool(false);
         self.n += 1;
     }
@@ -666,14 +723,14 @@ impl StateRows {
         if part.deletion.is_some() || !part.rts.is_empty() {
             self.typed_row(t, pk, &None, None, false)?;
             self.meta(t, pk, "partition", b"", None, Some(part));
-            self.tail(token, false, next, batch_seq);
+            self.tail(token, false, next, batch_seq, oldest_deletion(t, None, Some(part)));
             present.push(("partition", b""));
         }
         if !part.static_row.is_empty() {
             let imgs = images.get(&None);
             self.typed_row(t, pk, &None, imgs, false)?;
             self.meta(t, pk, "static", b"", Some(&part.static_row), None);
-            self.tail(token, imgs.is_some(), next, batch_seq);
+            self.tail(token, imgs.is_some(), next, batch_seq, oldest_deletion(t, Some(&part.static_row), None));
             present.push(("static", b""));
         }
         for (ck, row) in &part.rows {
@@ -681,7 +738,7 @@ impl StateRows {
             let imgs = images.get(&key);
             self.typed_row(t, pk, &key, imgs, true)?;
             self.meta(t, pk, "row", ck, Some(row), None);
-            self.tail(token, imgs.is_some(), next, batch_seq);
+            self.tail(token, imgs.is_some(), next, batch_seq, oldest_deletion(t, Some(row), None));
             present.push(("row", ck));
         }
         if let Some(prior) = prior {
@@ -708,7 +765,7 @@ impl StateRows {
                 for o in [&mut self.liveness_ts, &mut self.liveness_ttl, &mut self.liveness_ldt, &mut self.deletion_ts,
                           &mut self.deletion_ldt, &mut self.shadowable_ts, &mut self.shadowable_ldt, &mut self.cells,
                           &mut self.complex_deletions, &mut self.range_tombstones, &mut self.live,
-                          &mut self.next_expiry, &mut self.updated_batch] {
+                          &mut self.next_expiry, &mut self.updated_batch, &mut self.oldest_deletion] {
                     o.null();
                 }
                 self.token.i64(token);
@@ -718,4 +775,50 @@ impl StateRows {
         }
         Ok(())
     }
+}
+
+/// `state.purge.oldest_deletion_time` of one stored record (a row's, or the partition record's): the earliest
+/// time from which `gc_grace_seconds` counts for anything in it, `DROPPED_DATA` (0) when it holds data of a
+/// dropped column written at or before the drop.
+fn oldest_deletion(t: &Table, row: Option<&RowState>, part: Option<&PartitionState>) -> i64 {
+    const DROPPED_DATA: i64 = 0;
+    let mut times: Vec<i64> = Vec::new();
+    if let Some(r) = row {
+        let hidden = |col: ColId, ts: i64| t.c(col).drop_time.is_some_and(|d| ts <= d);
+        if r.cells.iter().any(|(c, cell)| hidden(*c, cell.ts))
+            || r.complex.iter().any(|(c, e)| e.del.is_some_and(|d| hidden(*c, d.0))
+                || e.cells.values().any(|cell| hidden(*c, cell.ts))) {
+            return DROPPED_DATA;
+        }
+        times.extend(r.deletion.map(|d| d.1));
+        times.extend(r.shadowable.map(|d| d.1));
+        if let Some(l) = r.liveness {
+            if l.1 != 0 {
+                times.push(l.2);
+            }
+        }
+        let mut cell_time = |c: &Cell| {
+            if c.tomb {
+                times.push(c.ldt);
+            } else if c.ttl != 0 {
+                times.push(c.ldt - c.ttl as i64);
+            }
+        };
+        for (_, c) in &r.cells {
+            cell_time(c);
+        }
+        for (_, e) in &r.complex {
+            for c in e.cells.values() {
+                cell_time(c);
+            }
+        }
+        for (_, e) in &r.complex {
+            times.extend(e.del.map(|d| d.1));
+        }
+    }
+    if let Some(p) = part {
+        times.extend(p.deletion.map(|d| d.1));
+        times.extend(p.rts.values().map(|d| d.1));
+    }
+    times.into_iter().min().unwrap_or(engine::NO_DELETION_TIME)
 }

@@ -1,0 +1,145 @@
+"""The compiled state engine behind ``state.batch``: one table's batch over Arrow, with no Python work per change.
+
+``cdc_native.process_table`` (``native/src/state``) does for a table what ``batch.process_table`` and
+``sinks.delta.change_rows`` do: it drops replica copies, reads the stored records of the touched partitions
+(``reconcile.STATE_SCHEMA`` columns), sweeps expiries, applies each partition's mutations in write-time order,
+computes the visible-row images, the events (their JSON envelope and content-hash id included) and the MERGE
+source rows of the changed partitions, all over Arrow buffers.
+
+The Python engine stays the single truth. The compiled one either gives exactly its answer or doubts: a
+partition it is not sure of (a type or value it does not render, a clustering order it cannot decide, a record
+kind it does not know) appends nothing, and the Python engine processes that partition here (raising the typed
+error, if there is one). ``tests/test_state_native.py`` runs both on the property-test workloads and compares
+every outbox and state byte.
+
+Which path runs follows ``CASSANDRA_CDC_NATIVE`` (``celllog.native.use_native``), as the reader does. The engine
+covers the batch sequence's plain case: a backfill's ``r`` events and scan horizons run in Python.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from cdc_lib.celllog.native import _native, use_native
+from cdc_lib.celllog.schema import CELL_LOG_SCHEMA
+
+from .batch import PartitionResult, process_partition
+from .reconcile import STATE_SCHEMA, partition_from_records
+
+EVENT_COLUMNS = ("event_id", "op", "key_json", "event_json")
+
+
+def type_desc(t) -> tuple:
+    """A CQL type as the compiled engine reads it: (kind, fixed length, multicell, subtypes, field names,
+    dimension)."""
+    return (t.kind, t.fixed_length if t.kind == "custom" else None, bool(t.multicell),
+            [type_desc(s) for s in t.subtypes], list(getattr(t, "field_names", None) or ()),
+            int(getattr(t, "dimension", None) or 0))
+
+
+def table_desc(table) -> tuple:
+    """(id, keyspace, name, [(column, kind, type, reversed)] in ``table.columns`` order, [(dropped column, type,
+    drop time)])."""
+    cols = [(c.name, c.kind, type_desc(c.type), bool(c.reversed)) for c in table.columns.values()]
+    return (str(table.id), table.keyspace, table.name, cols,
+            [(n, type_desc(d.type), int(d.dropped_time)) for n, d in table.dropped.items()])
+
+
+def supports(table) -> bool:
+    """Whether the compiled engine can take ``table`` (its key columns listed in key order)."""
+    keys = [c.name for c in table.columns.values() if c.kind == "partition_key"]
+    ck = [c.name for c in table.columns.values() if c.kind == "clustering"]
+    return keys == [c.name for c in table.partition_key] and ck == [c.name for c in table.clustering]
+
+
+def enabled() -> bool:
+    """Whether the compiled engine runs (``CASSANDRA_CDC_NATIVE``; an error when it is 1 without the module)."""
+    return use_native() and hasattr(_native, "process_table")
+
+
+@dataclass
+class TableBatch:
+    """One table's batch from the compiled engine, with the partitions it left to the Python engine."""
+    keys: list                      # [(partition key, token)] in publish order
+    events: pa.Table                # partition (index into keys), event_id, op, key_json, event_json, ts_us
+    state_rows: pa.Table            # MERGE source rows of the changed partitions the compiled engine did
+    changed: int                    # partitions written back (both engines)
+    python: dict = field(default_factory=dict)   # index into keys -> PartitionResult of the Python engine
+
+
+def _buffer(b) -> Optional[pa.Buffer]:
+    return None if b is None else pa.py_buffer(b)
+
+
+def _array(spec, typ: pa.DataType) -> pa.Array:
+    """An Arrow array from the engine's buffers (``out_spec`` in native/src/lib.rs), without a copy."""
+    length, nulls, validity, buffers, children = spec
+    if pa.types.is_struct(typ):
+        children = [_array(c, typ.field(i).type) for i, c in enumerate(children)]
+    elif pa.types.is_map(typ):
+        children = [_array(children[0], pa.struct([typ.key_field, typ.item_field]))]
+    elif pa.types.is_list(typ):
+        children = [_array(children[0], typ.value_type)]
+    return pa.Array.from_buffers(typ, length, [_buffer(validity), *map(_buffer, buffers)], null_count=nulls,
+                                 children=children or None)
+
+
+def process_table(table, cell_log, stored: pa.Table, now: int, *, state_schema: pa.Schema,
+                  prev_now: Optional[int] = None, expiring: Iterable[bytes] = (), cluster: str = "",
+                  batch_seq: int = 0) -> TableBatch:
+    """``batch.process_table`` plus ``sinks.delta.change_rows`` for one table, compiled.
+
+    ``cell_log``: the table's records (``CELL_LOG_SCHEMA``, a table or batch); ``stored``: the stored records
+    of every partition with records or in ``expiring`` (``STATE_SCHEMA`` column names); ``state_schema``: the
+    MERGE source schema the state rows are built in (``sinks.delta.merge_source_schema``).
+    """
+    log = _one_batch(cell_log, CELL_LOG_SCHEMA)
+    st = _one_batch(stored.select(STATE_SCHEMA.names), STATE_SCHEMA)
+    expiring = list(expiring)
+    out = _native.process_table(table_desc(table), log, st, expiring, now, prev_now, batch_seq, cluster)
+    keys = out["keys"]
+    n_events = len(out["event_partition"]) // 4
+    events = pa.table({
+        "partition": pa.Array.from_buffers(pa.int32(), n_events, [None, pa.py_buffer(out["event_partition"])]),
+        **{name: _array(out[name], pa.string()) for name in EVENT_COLUMNS},
+        "ts_us": pa.Array.from_buffers(pa.int64(), n_events, [None, pa.py_buffer(out["event_ts_us"])]),
+    })
+    state_rows = pa.Table.from_arrays([_array(spec, f.type) for spec, f in zip(out["state"], state_schema)],
+                                      schema=state_schema)
+    result = TableBatch(keys, events, state_rows, out["changed"])
+    if out["doubted"]:
+        result.python = _python_partitions(table, log, st, [keys[i] for i in out["doubted"]], out["doubted"], now,
+                                           prev_now, cluster)
+        result.changed += sum(1 for r in result.python.values() if r.changed)
+    return result
+
+
+def _one_batch(data, schema: pa.Schema) -> pa.RecordBatch:
+    t = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
+    if t.schema != schema:
+        t = t.cast(schema)
+    return t.combine_chunks().to_batches()[0] if t.num_rows else pa.RecordBatch.from_pylist([], schema=schema)
+
+
+def _python_partitions(table, log: pa.RecordBatch, stored: pa.RecordBatch, keys: list, indexes: list, now: int,
+                       prev_now: Optional[int], cluster: str) -> dict:
+    """The Python engine's results for the partitions the compiled one doubted."""
+    wanted = pa.array([k for k, _ in keys], pa.binary())
+    recs: dict = {}
+    for r in log.filter(pc.is_in(log.column("partition_key"), value_set=wanted)).to_pylist():
+        recs.setdefault(r["partition_key"], []).append(r)
+    rows: dict = {}
+    for r in stored.filter(pc.is_in(stored.column("partition_key"), value_set=wanted)).to_pylist():
+        rows.setdefault(r["partition_key"], []).append(r)
+    out = {}
+    for i, (pk, token) in zip(indexes, keys):
+        prior = partition_from_records(rows[pk]) if pk in rows else None
+        out[i] = process_partition(table, pk, token, recs.get(pk, []), prior, now, prev_now=prev_now,
+                                   cluster=cluster)
+    return out
+
+
+__all__ = ["TableBatch", "enabled", "process_table", "supports", "table_desc", "type_desc", "PartitionResult"]

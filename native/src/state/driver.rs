@@ -1,0 +1,362 @@
+//! One table's batch, as `state.batch.process_table` and `sinks.delta.change_rows` do it, over Arrow input:
+//! the table's cell-log records and the stored records of its partitions in, the MERGE source rows of the
+//! changed partitions and the events out. A partition the engine is not sure of (`Doubt`) appends nothing and
+//! is named in `doubted`: the Python engine processes it, and the caller puts its events at its place.
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::arrow_in::Col;
+use super::engine::{self, Cell, Complex, EventCtx, Emitter, Event, Kind, PartitionState, Rec, RowState};
+use super::out::{Out, StateRows};
+use super::table::Table;
+use super::types::D;
+
+/// The events of the partitions the engine processed, in publish order (`partition` indexes `Batch::keys`).
+pub struct Events {
+    pub partition: Vec<i32>,
+    pub event_id: Out,
+    pub op: Out,
+    pub key_json: Out,
+    pub event_json: Out,
+    pub ts_us: Vec<i64>,
+}
+
+impl Events {
+    fn new() -> Events {
+        Events { partition: Vec::new(), event_id: Out::var(), op: Out::var(), key_json: Out::var(),
+                 event_json: Out::var(), ts_us: Vec::new() }
+    }
+
+    fn push(&mut self, partition: usize, e: &Event) {
+        self.partition.push(partition as i32);
+        self.event_id.bytes(e.event_id.as_bytes());
+        self.op.bytes(&[e.op]);
+        self.key_json.bytes(e.key_json.as_bytes());
+        self.event_json.bytes(e.event_json.as_bytes());
+        self.ts_us.push(e.ts_us);
+    }
+}
+
+pub struct Output {
+    /// every partition of the batch, in publish order: (partition key, token)
+    pub keys: Vec<(Vec<u8>, i64)>,
+    /// indexes into `keys` of the partitions left to the Python engine
+    pub doubted: Vec<usize>,
+    pub events: Events,
+    pub state: StateRows,
+    /// partitions whose state rows were written
+    pub changed: usize,
+}
+
+/// The settings of one batch (`process_partition`'s arguments).
+pub struct Settings<'a> {
+    pub now: i64,
+    pub prev_now: Option<i64>,
+    pub batch_seq: i64,
+    pub cluster: &'a str,
+}
+
+/// The identity of a cell-log record (`batch.IDENTITY_COLUMNS` within one table): copies of one record from
+/// several replicas share it.
+#[derive(Hash, PartialEq, Eq)]
+struct Identity<'a> {
+    pk: &'a [u8],
+    clustering: &'a [u8],
+    clustering_end: Option<&'a [u8]>,
+    start_incl: Option<bool>,
+    end_incl: Option<bool>,
+    is_static: bool,
+    kind: &'a [u8],
+    column: Option<&'a [u8]>,
+    path: Option<&'a [u8]>,
+    value: Option<&'a [u8]>,
+    ts: i64,
+    ttl: i32,
+    ldt: i64,
+    mid: Option<&'a [u8]>,
+}
+
+struct CellLog<'a> {
+    segment: &'a Col,
+    segment_id: &'a Col,
+    position: &'a Col,
+    entry_index: &'a Col,
+    seq: &'a Col,
+    pk: &'a Col,
+    token: &'a Col,
+    clustering: &'a Col,
+    clustering_end: &'a Col,
+    start_incl: &'a Col,
+    end_incl: &'a Col,
+    is_static: &'a Col,
+    kind: &'a Col,
+    column: &'a Col,
+    path: &'a Col,
+    value: &'a Col,
+    ts: &'a Col,
+    ttl: &'a Col,
+    ldt: &'a Col,
+    mid: &'a Col,
+}
+
+impl<'a> CellLog<'a> {
+    fn new(c: &'a Col) -> Result<CellLog<'a>, String> {
+        let f = |name: &str, format: &str| -> Result<&'a Col, String> {
+            let col = c.child(name)?;
+            col.expect(format)?;
+            Ok(col)
+        };
+        Ok(CellLog {
+            segment: f("segment", "u")?, segment_id: f("segment_id", "l")?, position: f("position", "l")?,
+            entry_index: f("entry_index", "i")?, seq: f("seq", "i")?, pk: f("partition_key", "z")?,
+            token: f("token", "l")?, clustering: f("clustering", "z")?, clustering_end: f("clustering_end", "z")?,
+            start_incl: f("start_inclusive", "b")?, end_incl: f("end_inclusive", "b")?,
+            is_static: f("is_static", "b")?, kind: f("kind", "u")?, column: f("column", "u")?, path: f("path", "z")?,
+            value: f("value", "z")?, ts: f("timestamp", "l")?, ttl: f("ttl", "i")?,
+            ldt: f("local_deletion_time", "l")?, mid: f("mutation_id", "z")?,
+        })
+    }
+
+    fn identity(&self, i: usize) -> Identity<'a> {
+        Identity {
+            pk: self.pk.bytes(i), clustering: self.clustering.bytes(i), clustering_end: self.clustering_end.opt_bytes(i),
+            start_incl: self.start_incl.opt_bool(i), end_incl: self.end_incl.opt_bool(i),
+            is_static: self.is_static.bool(i), kind: self.kind.bytes(i), column: self.column.opt_bytes(i),
+            path: self.path.opt_bytes(i), value: self.value.opt_bytes(i), ts: self.ts.i64(i), ttl: self.ttl.i32(i),
+            ldt: self.ldt.i64(i), mid: self.mid.opt_bytes(i),
+        }
+    }
+
+    /// `dedupe_records`' order among copies: the smallest wins.
+    fn source_key(&self, i: usize) -> (i64, i64, &'a [u8], i32, i32) {
+        (self.segment_id.i64(i), self.position.i64(i), self.segment.bytes(i), self.entry_index.i32(i), self.seq.i32(i))
+    }
+
+    /// The record as the engine applies it; None for a kind it does not know (the Python engine says what is
+    /// wrong with it).
+    fn rec(&self, t: &mut Table, i: usize) -> Option<Rec<'a>> {
+        Some(Rec {
+            segment: self.segment.bytes(i),
+            segment_id: self.segment_id.i64(i),
+            position: self.position.i64(i),
+            kind: Kind::parse(self.kind.bytes(i))?,
+            clustering: self.clustering.bytes(i),
+            clustering_end: self.clustering_end.opt_bytes(i).unwrap_or(b""),
+            start_incl: self.start_incl.opt_bool(i).unwrap_or(false),
+            end_incl: self.end_incl.opt_bool(i).unwrap_or(false),
+            is_static: self.is_static.bool(i),
+            column: self.column.opt_bytes(i).map(|c| t.col(c)),
+            path: self.path.opt_bytes(i),
+            value: self.value.opt_bytes(i),
+            ts: self.ts.i64(i),
+            ttl: self.ttl.i32(i),
+            ldt: self.ldt.i64(i),
+            mid: self.mid.opt_bytes(i),
+        })
+    }
+}
+
+/// The stored records (`reconcile.STATE_SCHEMA`) as partition states (`partition_from_records`).
+fn read_states(t: &mut Table, c: &Col) -> Result<HashMap<Vec<u8>, PartitionState>, String> {
+    let f = |name: &str, format: &str| -> Result<&Col, String> {
+        let col = c.child(name)?;
+        col.expect(format)?;
+        Ok(col)
+    };
+    let (pk, kind, ck) = (f("partition_key", "z")?, f("row_kind", "u")?, f("clustering", "z")?);
+    let (lts, lttl, lldt) = (f("liveness_ts", "l")?, f("liveness_ttl", "i")?, f("liveness_ldt", "l")?);
+    let (dts, dldt, sts, sldt) = (f("deletion_ts", "l")?, f("deletion_ldt", "l")?, f("shadowable_ts", "l")?,
+                                  f("shadowable_ldt", "l")?);
+    let (cells, cdels, rts) = (f("cells", "+l")?, f("complex_deletions", "+l")?, f("range_tombstones", "+l")?);
+    let ce = &cells.children[0];
+    let (c_col, c_path, c_value, c_ts, c_ttl, c_ldt, c_tomb) = (ce.child("column")?, ce.child("path")?,
+        ce.child("value")?, ce.child("ts")?, ce.child("ttl")?, ce.child("ldt")?, ce.child("tombstone")?);
+    let de = &cdels.children[0];
+    let (d_col, d_ts, d_ldt) = (de.child("column")?, de.child("ts")?, de.child("ldt")?);
+    let re = &rts.children[0];
+    let (r_s, r_si, r_e, r_ei, r_ts, r_ldt) = (re.child("start")?, re.child("start_inclusive")?, re.child("end")?,
+        re.child("end_inclusive")?, re.child("ts")?, re.child("ldt")?);
+    let mut out: HashMap<Vec<u8>, PartitionState> = HashMap::new();
+    for i in 0..c.len {
+        let part = out.entry(pk.bytes(i).to_vec()).or_default();
+        let k = kind.bytes(i);
+        if k == b"partition" {
+            if let Some(ts) = dts.opt_i64(i) {
+                part.deletion = Some((ts, dldt.opt_i64(i).ok_or("partition deletion without ldt")?));
+            }
+            for j in if rts.valid(i) { rts.list_range(i) } else { 0..0 } {
+                part.rts.insert((r_s.bytes(j).to_vec(), r_si.bool(j), r_e.bytes(j).to_vec(), r_ei.bool(j)),
+                                (r_ts.i64(j), r_ldt.i64(j)));
+            }
+            continue;
+        }
+        let mut row = RowState::default();
+        if let Some(ts) = lts.opt_i64(i) {
+            row.liveness = Some((ts, lttl.opt_i32(i).unwrap_or(0), lldt.opt_i64(i).ok_or("liveness without ldt")?));
+        }
+        if let Some(ts) = dts.opt_i64(i) {
+            row.deletion = Some((ts, dldt.opt_i64(i).ok_or("deletion without ldt")?));
+        }
+        if let Some(ts) = sts.opt_i64(i) {
+            row.shadowable = Some((ts, sldt.opt_i64(i).ok_or("shadowable deletion without ldt")?));
+        }
+        for j in if cdels.valid(i) { cdels.list_range(i) } else { 0..0 } {
+            let col = t.col(d_col.bytes(j));
+            let (e, _) = row.complex_mut(col);
+            *e = Complex { del: Some((d_ts.i64(j), d_ldt.i64(j))), cells: BTreeMap::new() };
+        }
+        for j in if cells.valid(i) { cells.list_range(i) } else { 0..0 } {
+            let col = t.col(c_col.bytes(j));
+            let cell = Cell { ts: c_ts.i64(j), ttl: c_ttl.i32(j), ldt: c_ldt.i64(j), tomb: c_tomb.bool(j),
+                              value: c_value.bytes(j).to_vec() };
+            match c_path.opt_bytes(j) {
+                None => row.set_cell(col, cell),
+                Some(p) => {
+                    row.complex_mut(col).0.cells.insert(p.to_vec(), cell);
+                }
+            }
+        }
+        match k {
+            b"static" => part.static_row = row,
+            b"row" => {
+                part.rows.insert(ck.bytes(i).to_vec(), row);
+            }
+            other => return Err(format!("unknown state row_kind {:?}", String::from_utf8_lossy(other))),
+        }
+    }
+    Ok(out)
+}
+
+/// Every builder's length, to undo what a doubted partition appended.
+fn lengths(s: &StateRows) -> (usize, Vec<usize>) {
+    let cols = state_builders(s);
+    (s.n, cols.iter().map(|o| o.len()).collect())
+}
+
+fn state_builders(s: &StateRows) -> Vec<&Out> {
+    let mut v: Vec<&Out> = s.typed.iter().collect();
+    v.extend([&s.partition_key, &s.row_kind, &s.clustering, &s.liveness_ts, &s.liveness_ttl, &s.liveness_ldt,
+              &s.deletion_ts, &s.deletion_ldt, &s.shadowable_ts, &s.shadowable_ldt, &s.cells, &s.complex_deletions,
+              &s.range_tombstones, &s.token, &s.live, &s.next_expiry, &s.updated_batch, &s.oldest_deletion,
+              &s.delete]);
+    v
+}
+
+fn truncate(s: &mut StateRows, to: &(usize, Vec<usize>)) {
+    s.n = to.0;
+    let mut i = 0;
+    for o in s.typed.iter_mut() {
+        o.truncate(to.1[i]);
+        i += 1;
+    }
+    for o in [&mut s.partition_key, &mut s.row_kind, &mut s.clustering, &mut s.liveness_ts, &mut s.liveness_ttl,
+              &mut s.liveness_ldt, &mut s.deletion_ts, &mut s.deletion_ldt, &mut s.shadowable_ts,
+              &mut s.shadowable_ldt, &mut s.cells, &mut s.complex_deletions, &mut s.range_tombstones, &mut s.token,
+              &mut s.live, &mut s.next_expiry, &mut s.updated_batch, &mut s.oldest_deletion, &mut s.delete] {
+        o.truncate(to.1[i]);
+        i += 1;
+    }
+}
+
+/// `process_partition` for one partition: the events, the new state, whether it must be written back.
+fn process_partition(em: &Emitter, pk: &[u8], recs: &[Rec], prior: Option<&PartitionState>, s: &Settings,
+                     events: &mut Vec<Event>) -> D<(PartitionState, bool)> {
+    let mut state = prior.cloned().unwrap_or_default();
+    let mut swept = false;
+    if let (Some(prev), Some(_)) = (s.prev_now, prior) {
+        if s.now > prev {
+            engine::sweep_partition(em, pk, &state, prev, s.now, events)?;
+            swept = true;
+        }
+    }
+    if !recs.is_empty() {
+        engine::apply_partition(em, pk, &mut state, recs, s.now, events)?;
+    }
+    let changed = swept || match prior {
+        None => !state.is_empty(),
+        Some(p) => &state != p,
+    };
+    Ok((state, changed))
+}
+
+/// One table's batch. `cell_log`: the table's records (`CELL_LOG_SCHEMA`); `stored`: the stored records of every
+/// partition the batch touches (`STATE_SCHEMA`); `expiring`: partitions to sweep that have no records.
+pub fn process_table(t: &mut Table, cell_log: &Col, stored: &Col, expiring: &[Vec<u8>], s: &Settings)
+                     -> Result<Output, String> {
+    let log = CellLog::new(cell_log)?;
+    // replica copies: one record per identity, the smallest source; kept in first-seen order
+    let mut first: HashMap<Identity, usize> = HashMap::with_capacity(cell_log.len);
+    let mut kept: Vec<usize> = Vec::with_capacity(cell_log.len);
+    for i in 0..cell_log.len {
+        match first.entry(log.identity(i)) {
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(kept.len());
+                kept.push(i);
+            }
+            std::collections::hash_map::Entry::Occupied(o) => {
+                let slot = *o.get();
+                if log.source_key(i) < log.source_key(kept[slot]) {
+                    kept[slot] = i;
+                }
+            }
+        }
+    }
+    drop(first);
+    // partitions: records in first-seen order; a record of unknown kind sends its partition to Python
+    let mut by_key: HashMap<&[u8], (i64, Vec<Rec>, bool)> = HashMap::new();
+    for &i in &kept {
+        let pk = log.pk.bytes(i);
+        let rec = log.rec(t, i);
+        let entry = by_key.entry(pk).or_insert_with(|| (log.token.i64(i), Vec::new(), false));
+        match rec {
+            Some(r) => entry.1.push(r),
+            None => entry.2 = true,
+        }
+    }
+    for pk in expiring {
+        by_key.entry(pk.as_slice()).or_insert_with(|| (crate::murmur3::token(pk), Vec::new(), false));
+    }
+    let mut order: Vec<(&[u8], i64)> = by_key.iter().map(|(k, v)| (*k, v.0)).collect();
+    order.sort_by(|a, b| (a.1, a.0).cmp(&(b.1, b.0)));
+    let stored = read_states(t, stored)?;
+    let t: &Table = t;
+    let ctx = EventCtx { cluster: s.cluster, node: "", ts_ms: s.now * 1000 };
+    let em = Emitter { t, ctx: &ctx };
+    let mut out = Output { keys: Vec::with_capacity(order.len()), doubted: Vec::new(), events: Events::new(),
+                           state: StateRows::new(t), changed: 0 };
+    let mut events: Vec<Event> = Vec::new();
+    for (idx, (pk, token)) in order.into_iter().enumerate() {
+        out.keys.push((pk.to_vec(), token));
+        let (_, recs, unknown) = &by_key[pk];
+        if *unknown || !t.repr_ok {
+            out.doubted.push(idx);
+            continue;
+        }
+        let prior = stored.get(pk);
+        events.clear();
+        let mark = lengths(&out.state);
+        let done = process_partition(&em, pk, recs, prior, s, &mut events).and_then(|(state, changed)| {
+            if changed {
+                out.state.change_rows(t, pk, token, prior, &state, s.now, s.batch_seq)?;
+            }
+            Ok(changed)
+        });
+        match done {
+            Ok(changed) => {
+                out.changed += changed as usize;
+                for e in &events {
+                    out.events.push(idx, e);
+                }
+            }
+            Err(_) => {
+                truncate(&mut out.state, &mark);
+                out.doubted.push(idx);
+            }
+        }
+    }
+    if state_builders(&out.state).iter().any(|o| o.overflowed())
+        || [&out.events.event_json, &out.events.key_json].iter().any(|o| o.overflowed()) {
+        return Err("a batch too large for 32-bit Arrow offsets".into());
+    }
+    Ok(out)
+}
