@@ -97,6 +97,7 @@ def state_chunk(table, ids: np.ndarray, ts: int) -> pa.Table:
         "_cdc_cells": cells, "_cdc_complex_deletions": empty_list("_cdc_complex_deletions"),
         "_cdc_range_tombstones": empty_list("_cdc_range_tombstones"), "_cdc_token": tokens,
         "_cdc_live": pa.array(np.ones(n, bool)), "_cdc_updated_batch": pa.array(np.zeros(n, np.int64)),
+        "_cdc_oldest_deletion": pa.array(np.full(n, NO_DELETION_TIME, np.int64)),
     }
     arrays = [cols[f.name] if f.name in cols else pa.nulls(n, f.type) for f in schema]
     return pa.Table.from_arrays(arrays, schema=schema).sort_by("_cdc_token")
@@ -178,6 +179,65 @@ def build_plain(root: str, rows: int, chunk: int) -> str:
     return uri
 
 
+def cdc_merge(root: str, schema, cells: pa.Table, engine: str) -> tuple:
+    """The whole batch as the pipeline runs it (``sinks.delta.run_store_batch``) with ``engine`` (python: the
+    reference engine, native: the compiled one): (seconds, events, phase timings, finer Python timings)."""
+    os.environ["CASSANDRA_CDC_NATIVE"] = {"python": "0", "native": "1"}[engine]
+    store = delta_store.DeltaRsStateStore(root)
+    timings: dict = {}
+    read = store.read_state_rows
+
+    def timed_read(*x, **k):
+        s = time.perf_counter()
+        out = read(*x, **k)
+        timings["read prior state"] = timings.get("read prior state", 0.0) + time.perf_counter() - s
+        return out
+    store.read_state_rows = timed_read      # the Delta read only: turning rows into states is the engine's
+    write_outbox, commit = store.write_outbox, store.commit
+
+    def timed_outbox(*x, **k):
+        s = time.perf_counter()
+        r = write_outbox(*x, **k)
+        timings["outbox append"] = time.perf_counter() - s
+        return r
+
+    def timed_commit(*x, **k):
+        s = time.perf_counter()
+        r = commit(*x, **k)
+        timings["state MERGE"] = time.perf_counter() - s
+        return r
+    store.write_outbox, store.commit = timed_outbox, timed_commit
+    # finer breakdown of the pure-Python part: wrap the module-level steps run_store_batch calls
+    fine: dict = {}
+
+    def accumulate(name, f):
+        def wrapped(*x, **k):
+            s = time.perf_counter()
+            try:
+                return f(*x, **k)
+            finally:
+                fine[name] = fine.get(name, 0.0) + time.perf_counter() - s
+        return wrapped
+    wrapped_names = {"states_from_rows": "  (of which) states_from_rows",
+                     "process_cell_log": "  (of which) reconcile + events",
+                     "outbox_row": "  (of which) outbox rows (JSON)",
+                     "change_rows": "  (of which) state rows (change_rows)",
+                     "rows_to_arrow": "  (of which) state rows -> Arrow",
+                     "table_outputs": "  (of which) compiled engine, outputs to Arrow"}
+    originals = {n: getattr(delta_store, n) for n in wrapped_names}
+    for n, label in wrapped_names.items():
+        setattr(delta_store, n, accumulate(label, originals[n]))
+    t0 = time.perf_counter()
+    res = delta_store.run_store_batch(store, schema, cells.to_batches(max_chunksize=65536),
+                                      batch_id="bench-1", batch_seq=1, now=NOW + 5)
+    cdc = time.perf_counter() - t0
+    for n, f in originals.items():
+        setattr(delta_store, n, f)
+    timings["reconcile + events + rows"] = cdc - sum(timings.values())
+
+    return cdc, res["events"], timings, fine
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--state-rows", type=int, default=10_000_000)
@@ -186,6 +246,8 @@ def main(argv=None) -> int:
     p.add_argument("--chunk", type=int, default=1_000_000, help="rows per file when building the tables")
     p.add_argument("--dir", default=None, help="work directory (default: a temporary one, removed after)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--engines", default="python,native",
+                   help="state engines to time, comma-separated: python (the reference), native (compiled)")
     p.add_argument("--no-compare-replace", dest="compare_replace", action="store_false",
                    help="skip timing delete+append (overwrite with predicate) against MERGE")
     p.add_argument("--replace-max", type=int, default=20_000, help="keys in the delete+append comparison")
@@ -208,59 +270,14 @@ def main(argv=None) -> int:
         rng.shuffle(ids)
         nvals = rng.integers(-1000, 1000, size=len(ids)).astype(np.int32)
 
-        # --- cdc merge: the whole batch
+        # --- cdc merge: the whole batch, by each engine on its own copy of the state
         cells = change_records(table, ids, TS0 + 1_000_000, "w", nvals)
-        store = delta_store.DeltaRsStateStore(work)
-        timings: dict = {}
-        read = store.read_partitions
-
-        def timed_read(t, keys):
-            s = time.perf_counter()
-            out = read(t, keys)
-            timings["read prior state"] = time.perf_counter() - s
-            return out
-        store.read_partitions = timed_read
-        write_outbox, commit = store.write_outbox, store.commit
-
-        def timed_outbox(*x, **k):
-            s = time.perf_counter()
-            r = write_outbox(*x, **k)
-            timings["outbox append"] = time.perf_counter() - s
-            return r
-
-        def timed_commit(*x, **k):
-            s = time.perf_counter()
-            r = commit(*x, **k)
-            timings["state MERGE"] = time.perf_counter() - s
-            return r
-        store.write_outbox, store.commit = timed_outbox, timed_commit
-        # finer breakdown of the pure-Python part: wrap the module-level steps run_store_batch calls
-        fine: dict = {}
-
-        def accumulate(name, f):
-            def wrapped(*x, **k):
-                s = time.perf_counter()
-                try:
-                    return f(*x, **k)
-                finally:
-                    fine[name] = fine.get(name, 0.0) + time.perf_counter() - s
-            return wrapped
-        wrapped_names = {"states_from_rows": "  (of which) states_from_rows",
-                         "process_cell_log": "  (of which) reconcile + events",
-                         "outbox_row": "  (of which) outbox rows (JSON)",
-                         "change_rows": "  (of which) state rows (change_rows)",
-                         "rows_to_arrow": "  (of which) state rows -> Arrow"}
-        originals = {n: getattr(delta_store, n) for n in wrapped_names}
-        for n, label in wrapped_names.items():
-            setattr(delta_store, n, accumulate(label, originals[n]))
-        t0 = time.perf_counter()
-        res = delta_store.run_store_batch(store, schema, cells.to_batches(max_chunksize=65536),
-                                          batch_id="bench-1", batch_seq=1, now=NOW + 5)
-        cdc = time.perf_counter() - t0
-        for n, f in originals.items():
-            setattr(delta_store, n, f)
-        timings["reconcile + events + rows"] = cdc - sum(timings.values())
-
+        results = {}
+        for engine in a.engines.split(","):
+            root = os.path.join(work, f"cdc-{engine}")
+            shutil.copytree(os.path.join(work, "delta"), os.path.join(root, "delta"))
+            results[engine] = cdc_merge(root, schema, cells, engine)
+            shutil.rmtree(root, ignore_errors=True)
         # --- plain upsert of the same number of rows
         from deltalake import DeltaTable
         src = pa.table({"id": pa.array(ids), "v": _texts(ids, "w"), "n": pa.array(nvals)})
@@ -269,18 +286,22 @@ def main(argv=None) -> int:
             .when_matched_update_all().when_not_matched_insert_all().execute())
         plain_s = time.perf_counter() - t0
 
-        check = DeltaTable(delta_store.state_table_uri(work, "bench", "kv")).count() if hasattr(
-            DeltaTable, "count") else None
-        print(f"state rows {a.state_rows:,}, changes {a.changes:,} ({n_new:,} new), events {res['events']:,}, "
-              f"state rows after: {check:,}" if check is not None else "")
-        print(f"cdc merge     {cdc:8.1f} s  {a.changes / cdc:12,.0f} changes/s")
-        for k, v in timings.items():
-            print(f"  {k:26s} {v:8.1f} s")
-        # nested: states_from_rows is inside "read prior state"; the rest inside "reconcile + events + rows"
-        # (commit_states calls change_rows, then rows_to_arrow, then the timed MERGE)
-        for k, v in fine.items():
-            print(f"  {k:38s} {v:8.2f} s")
+        print(f"state rows {a.state_rows:,}, changes {a.changes:,} ({n_new:,} new)")
+        for engine, (cdc, events, timings, fine) in results.items():
+            print(f"cdc merge ({engine:6s}) {cdc:8.1f} s  {a.changes / cdc:12,.0f} changes/s  ({events:,} events)")
+            for k, v in timings.items():
+                print(f"  {k:26s} {v:8.1f} s")
+            # nested: states_from_rows is inside "read prior state"; the rest inside "reconcile + events + rows"
+            # (commit_states calls change_rows, then rows_to_arrow, then the timed MERGE)
+            for k, v in fine.items():
+                print(f"  {k:38s} {v:8.2f} s")
+            rec = timings["reconcile + events + rows"]
+            print(f"  reconcile + events + rows: {a.changes / rec:12,.0f} changes/s")
         print(f"plain upsert  {plain_s:8.1f} s  {a.changes / plain_s:12,.0f} rows/s  (deltalake MERGE on id)")
+        for engine, (cdc, events, timings, fine) in results.items():
+            rec = timings["reconcile + events + rows"]
+            print(f"ratio ({engine}): reconcile + events + rows at {plain_s / rec:.3f}x the plain upsert's rate; "
+                  f"the whole cdc merge at {plain_s / cdc:.3f}x")
         sys.stdout.flush()
 
         # --- the same kind of upsert as delete + append in one commit (overwrite with a predicate), on a

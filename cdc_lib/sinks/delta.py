@@ -79,14 +79,17 @@ import logging
 import os
 from typing import Iterable, Iterator, Optional, Protocol
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdc_lib.cql.tokens import token as murmur3_token
 from cdc_lib.cql.types import EMPTY
-from cdc_lib.errors import CdcError, SchemaError
+from cdc_lib.celllog.schema import CELL_LOG_SCHEMA
+from cdc_lib.errors import CdcError, SchemaError, UnknownTableError
 from cdc_lib.gcpause import gc_paused
-from cdc_lib.state.batch import process_cell_log
+from cdc_lib.state import native as native_state
+from cdc_lib.state.batch import process_cell_log, table_order
 from cdc_lib.state.events import partition_next_expiry
 from cdc_lib.state.purge import can_be_visible, holds_dropped_data, oldest_deletion_time, purge_partition
 from cdc_lib.state.reconcile import (STATE_SCHEMA, STATIC_KEY, PartitionState, _info, _typed_row,
@@ -887,10 +890,14 @@ def visible_table(table, state_rows: pa.Table, now: int) -> dict:
 
 def run_store_batch(store: DeltaRsStateStore, schema, cell_log_batches, *, batch_id: str, batch_seq: int,
                     now: int, prev_now: Optional[int] = None, cluster: str = "") -> dict:
-    """One whole batch without Spark: reconcile (``state.batch.process_cell_log``), outbox, then state tables.
+    """One whole batch without Spark: reconcile (``state.batch.process_cell_log``, or the compiled engine when
+    ``state.native.enabled()``), outbox, then state tables.
 
     Returns {"events": n, "tables": {qualified name: partitions written}, "outbox_written": bool}.
     """
+    if native_state.enabled():
+        return _run_store_batch_native(store, schema, cell_log_batches, batch_id=batch_id, batch_seq=batch_seq,
+                                       now=now, prev_now=prev_now, cluster=cluster)
     out = process_cell_log(schema, cell_log_batches, store.read_partitions, now, prev_now=prev_now,
                            expiring_keys=store.expiring_keys, cluster=cluster)
     events = []
@@ -906,3 +913,103 @@ def run_store_batch(store: DeltaRsStateStore, schema, cell_log_batches, *, batch
         if store.commit_states(table, batch_seq, results, now):
             counts[table.qualified_name] = sum(1 for r in results if r.changed)
     return {"events": len(events), "tables": counts, "outbox_written": written}
+
+
+# Outbox columns a table's events carry (the rest are the batch's: batch_id, batch_seq, seq)
+EVENT_FIELDS = ("event_id", "op", "key_json", "event_json", "ts_us")
+
+
+def table_outputs(table, cell_log: pa.Table, stored: pa.Table, now: int, *, prev_now: Optional[int] = None,
+                  expiring: Iterable[bytes] = (), cluster: str = "", batch_seq: int = 0) -> tuple:
+    """One table's batch with the compiled engine where it can: (events, state source, partitions changed).
+
+    ``cell_log``: the table's cell-log records; ``stored``: the stored rows (``META_COLUMNS``) of every partition
+    with records or in ``expiring``. ``events``: ``partition``, ``token``, ``partition_key``, ``idx`` (the event's
+    number within its partition), then ``EVENT_FIELDS``, in publish order. ``state source``: the MERGE source rows
+    (``merge_source_schema``) of the changed partitions.
+    """
+    source_schema = merge_source_schema(table)
+    records = stored.select([META_PREFIX + n for n in STATE_SCHEMA.names]).rename_columns(STATE_SCHEMA.names)
+    tb = None
+    if native_state.available() and native_state.supports(table):
+        try:
+            tb = native_state.process_table(table, cell_log, records, now, state_schema=source_schema,
+                                            prev_now=prev_now, expiring=expiring, cluster=cluster,
+                                            batch_seq=batch_seq)
+        except native_state.NotCompiled as e:
+            log.warning("%s: the compiled state engine cannot take this table (%s); running it in Python",
+                        table.qualified_name, e)
+    if tb is None:
+        tb = native_state.python_table(table, cell_log, records, now, prev_now=prev_now, expiring=expiring,
+                                       cluster=cluster)
+    parts = [tb.events.select(["partition", *EVENT_FIELDS])]
+    states = [tb.state_rows] if tb.state_rows is not None else []
+    for i, r in sorted(tb.python.items()):
+        if r.events:
+            rows = [outbox_row(table, e, "", 0, 0) for e in r.events]
+            parts.append(pa.table({"partition": pa.array([i] * len(rows), pa.int32()),
+                                   **{f: pa.array([row[f] for row in rows], OUTBOX_SCHEMA.field(f).type)
+                                      for f in EVENT_FIELDS}}))
+        if r.changed:
+            states.append(rows_to_arrow(table, change_rows(table, r.partition_key, r.prior, r.state, now, batch_seq,
+                                                           r.token)))
+    events = pa.concat_tables(parts)
+    if len(parts) > 1:      # the Python engine's partitions go to their place in the publish order
+        events = events.take(pc.sort_indices(events, [("partition", "ascending")]))
+    part = events.column("partition").to_numpy()
+    pos = np.arange(len(part))
+    first = np.maximum.accumulate(np.where(np.r_[True, part[1:] != part[:-1]], pos, 0)) if len(part) else pos
+    keys = pa.array([k for k, _ in tb.keys], pa.binary())
+    tokens = pa.array([t for _, t in tb.keys], pa.int64())
+    at = pa.array(part, pa.int32())
+    events = (events.append_column("token", pc.take(tokens, at)).append_column("partition_key", pc.take(keys, at))
+              .append_column("idx", pa.array(pos - first, pa.int64())))
+    source = pa.concat_tables(states) if states else source_schema.empty_table()
+    return events, source, tb.changed
+
+
+def _run_store_batch_native(store, schema, cell_log_batches, *, batch_id, batch_seq, now, prev_now, cluster):
+    import uuid
+    log_table = pa.Table.from_batches(list(cell_log_batches), schema=CELL_LOG_SCHEMA)
+    ids = pc.unique(log_table.column("table_id")).to_pylist()
+    tables = {}
+    for tid in ids:
+        t = schema.get(uuid.UUID(tid))
+        if t is None:
+            raise UnknownTableError(tid)
+        tables[tid] = t
+    sweeping = prev_now is not None and now > prev_now
+    if sweeping:
+        for t in schema.captured_tables():
+            tables.setdefault(str(t.id), t)
+    outbox, sources = [], []
+    for tid, table in sorted(tables.items(), key=lambda kv: table_order(kv[1])):
+        cells = log_table.filter(pc.equal(log_table.column("table_id"), tid))
+        keys = set(cells.column("partition_key").to_pylist())
+        expiring = [k for k in store.expiring_keys(table, prev_now, now) if k not in keys] if sweeping else []
+        stored = store.read_state_rows(table, keys | set(expiring))
+        events, source, changed = table_outputs(table, cells, stored, now, prev_now=prev_now, expiring=expiring,
+                                                cluster=cluster, batch_seq=batch_seq)
+        if events.num_rows:
+            outbox.append(_outbox_columns(table, events, batch_id, batch_seq, now))
+        sources.append((table, source, changed))
+    # the outbox first, then the state tables: as the Python path (a rerun after a crash between them finds the
+    # outbox committed and completes the states)
+    rows = pa.concat_tables(outbox) if outbox else OUTBOX_SCHEMA.empty_table()
+    rows = rows.set_column(rows.schema.get_field_index("seq"), "seq", pa.array(range(rows.num_rows), pa.int64()))
+    written = store.write_outbox(batch_seq, rows, batch_id)
+    counts = {}
+    for table, source, changed in sources:
+        if source.num_rows and store.commit(table, batch_seq, source):
+            counts[table.qualified_name] = changed
+    return {"events": rows.num_rows, "tables": counts, "outbox_written": written}
+
+
+def _outbox_columns(table, events: pa.Table, batch_id: str, batch_seq: int, now: int) -> pa.Table:
+    """``OUTBOX_SCHEMA`` rows of one table's events (``seq`` is numbered over the whole batch later)."""
+    n = events.num_rows
+    const = {"batch_id": pa.array([batch_id] * n, pa.string()), "batch_seq": pa.array([batch_seq] * n, pa.int64()),
+             "seq": pa.array([0] * n, pa.int64()), "keyspace": pa.array([table.keyspace] * n, pa.string()),
+             "table": pa.array([table.name] * n, pa.string()), "ts_ms": pa.array([now * 1000] * n, pa.int64())}
+    return pa.table({f.name: const[f.name] if f.name in const else events.column(f.name) for f in OUTBOX_SCHEMA},
+                    schema=OUTBOX_SCHEMA)

@@ -25,11 +25,18 @@ import pyarrow.compute as pc
 
 from cdc_lib.celllog.native import _native, use_native
 from cdc_lib.celllog.schema import CELL_LOG_SCHEMA
+from cdc_lib.cql.tokens import token as murmur3_token
+from cdc_lib.errors import CdcError
 
-from .batch import PartitionResult, process_partition
+from .batch import PartitionResult, partition_order, process_partition
 from .reconcile import STATE_SCHEMA, partition_from_records
 
 EVENT_COLUMNS = ("event_id", "op", "key_json", "event_json")
+
+
+class NotCompiled(CdcError):
+    """The compiled engine cannot take a table (a type it does not know, a batch beyond 32-bit Arrow offsets):
+    the caller runs it in Python (``python_table``)."""
 
 
 def type_desc(t) -> tuple:
@@ -55,9 +62,14 @@ def supports(table) -> bool:
     return keys == [c.name for c in table.partition_key] and ck == [c.name for c in table.clustering]
 
 
+def available() -> bool:
+    """Whether the compiled engine is installed."""
+    return hasattr(_native, "process_table")
+
+
 def enabled() -> bool:
     """Whether the compiled engine runs (``CASSANDRA_CDC_NATIVE``; an error when it is 1 without the module)."""
-    return use_native() and hasattr(_native, "process_table")
+    return use_native() and available()
 
 
 @dataclass
@@ -65,7 +77,7 @@ class TableBatch:
     """One table's batch from the compiled engine, with the partitions it left to the Python engine."""
     keys: list                      # [(partition key, token)] in publish order
     events: pa.Table                # partition (index into keys), event_id, op, key_json, event_json, ts_us
-    state_rows: pa.Table            # MERGE source rows of the changed partitions the compiled engine did
+    state_rows: Optional[pa.Table]  # MERGE source rows of the changed partitions the compiled engine did
     changed: int                    # partitions written back (both engines)
     python: dict = field(default_factory=dict)   # index into keys -> PartitionResult of the Python engine
 
@@ -99,7 +111,10 @@ def process_table(table, cell_log, stored: pa.Table, now: int, *, state_schema: 
     log = _one_batch(cell_log, CELL_LOG_SCHEMA)
     st = _one_batch(stored.select(STATE_SCHEMA.names), STATE_SCHEMA)
     expiring = list(expiring)
-    out = _native.process_table(table_desc(table), log, st, expiring, now, prev_now, batch_seq, cluster)
+    try:
+        out = _native.process_table(table_desc(table), log, st, expiring, now, prev_now, batch_seq, cluster)
+    except ValueError as e:
+        raise NotCompiled(f"{table.qualified_name}: {e}") from e
     keys = out["keys"]
     n_events = len(out["event_partition"]) // 4
     events = pa.table({
@@ -114,6 +129,23 @@ def process_table(table, cell_log, stored: pa.Table, now: int, *, state_schema: 
         result.python = _python_partitions(table, log, st, [keys[i] for i in out["doubted"]], out["doubted"], now,
                                            prev_now, cluster)
         result.changed += sum(1 for r in result.python.values() if r.changed)
+    return result
+
+
+def python_table(table, cell_log, stored: pa.Table, now: int, *, prev_now: Optional[int] = None,
+                 expiring: Iterable[bytes] = (), cluster: str = "") -> TableBatch:
+    """``process_table``'s answer from the Python engine alone (every partition in ``TableBatch.python``)."""
+    log = _one_batch(cell_log, CELL_LOG_SCHEMA)
+    st = _one_batch(stored.select(STATE_SCHEMA.names), STATE_SCHEMA)
+    tokens = dict(zip(log.column("partition_key").to_pylist(), log.column("token").to_pylist()))
+    for pk in expiring:
+        tokens.setdefault(pk, murmur3_token(pk))
+    keys = sorted(tokens.items(), key=lambda kv: partition_order(kv[1], kv[0]))
+    empty = pa.table({"partition": pa.array([], pa.int32()), **{n: pa.array([], pa.string()) for n in EVENT_COLUMNS},
+                      "ts_us": pa.array([], pa.int64())})
+    result = TableBatch(keys, empty, None, 0)
+    result.python = _python_partitions(table, log, st, keys, list(range(len(keys))), now, prev_now, cluster)
+    result.changed = sum(1 for r in result.python.values() if r.changed)
     return result
 
 
@@ -142,4 +174,3 @@ def _python_partitions(table, log: pa.RecordBatch, stored: pa.RecordBatch, keys:
     return out
 
 
-__all__ = ["TableBatch", "enabled", "process_table", "supports", "table_desc", "type_desc", "PartitionResult"]
