@@ -28,7 +28,7 @@ from cdc_lib.celllog.schema import CELL_LOG_SCHEMA
 from cdc_lib.cql.tokens import token as murmur3_token
 from cdc_lib.errors import CdcError
 
-from .batch import PartitionResult, partition_order, process_partition
+from .batch import partition_order, process_partition
 from .reconcile import STATE_SCHEMA, partition_from_records
 
 EVENT_COLUMNS = ("event_id", "op", "key_json", "event_json")
