@@ -4,12 +4,75 @@
 //! is named in `doubted`: the Python engine processes it, and the caller puts its events at its place.
 
 use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
 
 use super::arrow_in::Col;
 use super::engine::{self, Cell, Complex, EventCtx, Emitter, Event, Kind, PartitionState, Rec, RowState};
 use super::out::{Out, StateRows};
 use super::table::Table;
 use super::types::D;
+
+/// FxHash (rustc's multiply-rotate hash) with a finalizer: several times faster than SipHash on the short keys
+/// here. The keys come from the batch itself, so there is no adversary to defend against.
+#[derive(Default)]
+struct FxHasher(u64);
+
+impl Hasher for FxHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            self.add(u64::from_le_bytes(c.try_into().unwrap()));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut b = [0u8; 8];
+            b[..rest.len()].copy_from_slice(rest);
+            self.add(u64::from_le_bytes(b));
+        }
+    }
+
+    #[inline]
+    fn write_u8(&mut self, i: u8) {
+        self.add(i as u64);
+    }
+
+    #[inline]
+    fn write_u32(&mut self, i: u32) {
+        self.add(i as u64);
+    }
+
+    #[inline]
+    fn write_u64(&mut self, i: u64) {
+        self.add(i);
+    }
+
+    #[inline]
+    fn write_usize(&mut self, i: usize) {
+        self.add(i as u64);
+    }
+
+    /// Mixed down (murmur3's fmix64): a product's low bits depend only on the input's low bits, and big-endian
+    /// keys differ in their high bytes, which would put them all in a few buckets.
+    #[inline]
+    fn finish(&self) -> u64 {
+        let mut h = self.0;
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        h ^ (h >> 33)
+    }
+}
+
+impl FxHasher {
+    #[inline]
+    fn add(&mut self, x: u64) {
+        self.0 = (self.0.rotate_left(5) ^ x).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 
 /// The events of the partitions the engine processed, in publish order (`partition` indexes `Batch::keys`).
 pub struct Events {
@@ -156,75 +219,116 @@ impl<'a> CellLog<'a> {
     }
 }
 
-/// The stored records (`reconcile.STATE_SCHEMA`) as partition states (`partition_from_records`).
-fn read_states(t: &mut Table, c: &Col) -> Result<HashMap<Vec<u8>, PartitionState>, String> {
-    let f = |name: &str, format: &str| -> Result<&Col, String> {
-        let col = c.child(name)?;
-        col.expect(format)?;
-        Ok(col)
-    };
-    let (pk, kind, ck) = (f("partition_key", "z")?, f("row_kind", "u")?, f("clustering", "z")?);
-    let (lts, lttl, lldt) = (f("liveness_ts", "l")?, f("liveness_ttl", "i")?, f("liveness_ldt", "l")?);
-    let (dts, dldt, sts, sldt) = (f("deletion_ts", "l")?, f("deletion_ldt", "l")?, f("shadowable_ts", "l")?,
-                                  f("shadowable_ldt", "l")?);
-    let (cells, cdels, rts) = (f("cells", "+l")?, f("complex_deletions", "+l")?, f("range_tombstones", "+l")?);
-    let ce = &cells.children[0];
-    let (c_col, c_path, c_value, c_ts, c_ttl, c_ldt, c_tomb) = (ce.child("column")?, ce.child("path")?,
-        ce.child("value")?, ce.child("ts")?, ce.child("ttl")?, ce.child("ldt")?, ce.child("tombstone")?);
-    let de = &cdels.children[0];
-    let (d_col, d_ts, d_ldt) = (de.child("column")?, de.child("ts")?, de.child("ldt")?);
-    let re = &rts.children[0];
-    let (r_s, r_si, r_e, r_ei, r_ts, r_ldt) = (re.child("start")?, re.child("start_inclusive")?, re.child("end")?,
-        re.child("end_inclusive")?, re.child("ts")?, re.child("ldt")?);
-    let mut out: HashMap<Vec<u8>, PartitionState> = HashMap::new();
-    for i in 0..c.len {
-        let part = out.entry(pk.bytes(i).to_vec()).or_default();
-        let k = kind.bytes(i);
-        if k == b"partition" {
-            if let Some(ts) = dts.opt_i64(i) {
-                part.deletion = Some((ts, dldt.opt_i64(i).ok_or("partition deletion without ldt")?));
+/// The stored records (`reconcile.STATE_SCHEMA`) of the batch's partitions, read one partition at a time
+/// (`partition_from_records`) so that only one partition's state is in memory at once.
+struct Stored<'a> {
+    pk: &'a Col,
+    kind: &'a Col,
+    ck: &'a Col,
+    lts: &'a Col,
+    lttl: &'a Col,
+    lldt: &'a Col,
+    dts: &'a Col,
+    dldt: &'a Col,
+    sts: &'a Col,
+    sldt: &'a Col,
+    cells: &'a Col,
+    cdels: &'a Col,
+    rts: &'a Col,
+    /// partition key -> its records
+    by_key: FastMap<&'a [u8], Vec<usize>>,
+}
+
+impl<'a> Stored<'a> {
+    /// Index the records by partition; every column name they hold becomes known to `t`.
+    fn new(t: &mut Table, c: &'a Col) -> Result<Stored<'a>, String> {
+        let f = |name: &str, format: &str| -> Result<&'a Col, String> {
+            let col = c.child(name)?;
+            col.expect(format)?;
+            Ok(col)
+        };
+        let s = Stored {
+            pk: f("partition_key", "z")?, kind: f("row_kind", "u")?, ck: f("clustering", "z")?,
+            lts: f("liveness_ts", "l")?, lttl: f("liveness_ttl", "i")?, lldt: f("liveness_ldt", "l")?,
+            dts: f("deletion_ts", "l")?, dldt: f("deletion_ldt", "l")?, sts: f("shadowable_ts", "l")?,
+            sldt: f("shadowable_ldt", "l")?, cells: f("cells", "+l")?, cdels: f("complex_deletions", "+l")?,
+            rts: f("range_tombstones", "+l")?, by_key: FastMap::default(),
+        };
+        let names = [s.cells.children[0].child("column")?, s.cdels.children[0].child("column")?];
+        for col in names {
+            col.expect("u")?;
+            for j in 0..col.len {
+                t.col(col.bytes(j));
             }
-            for j in if rts.valid(i) { rts.list_range(i) } else { 0..0 } {
-                part.rts.insert((r_s.bytes(j).to_vec(), r_si.bool(j), r_e.bytes(j).to_vec(), r_ei.bool(j)),
-                                (r_ts.i64(j), r_ldt.i64(j)));
+        }
+        let mut by_key: FastMap<&'a [u8], Vec<usize>> = FastMap::default();
+        for i in 0..c.len {
+            by_key.entry(s.pk.bytes(i)).or_default().push(i);
+        }
+        Ok(Stored { by_key, ..s })
+    }
+
+    /// The stored state of one partition (None: not stored).
+    fn partition(&self, t: &Table, pk: &[u8]) -> Result<Option<PartitionState>, String> {
+        let Some(rows) = self.by_key.get(pk) else { return Ok(None) };
+        let ce = &self.cells.children[0];
+        let (c_col, c_path, c_value, c_ts, c_ttl, c_ldt, c_tomb) = (ce.child("column")?, ce.child("path")?,
+            ce.child("value")?, ce.child("ts")?, ce.child("ttl")?, ce.child("ldt")?, ce.child("tombstone")?);
+        let de = &self.cdels.children[0];
+        let (d_col, d_ts, d_ldt) = (de.child("column")?, de.child("ts")?, de.child("ldt")?);
+        let re = &self.rts.children[0];
+        let (r_s, r_si, r_e, r_ei, r_ts, r_ldt) = (re.child("start")?, re.child("start_inclusive")?,
+            re.child("end")?, re.child("end_inclusive")?, re.child("ts")?, re.child("ldt")?);
+        let id = |name: &[u8]| t.lookup(name).ok_or("a column name missed by the index");
+        let mut part = PartitionState::default();
+        for &i in rows {
+            let k = self.kind.bytes(i);
+            if k == b"partition" {
+                if let Some(ts) = self.dts.opt_i64(i) {
+                    part.deletion = Some((ts, self.dldt.opt_i64(i).ok_or("partition deletion without ldt")?));
+                }
+                for j in if self.rts.valid(i) { self.rts.list_range(i) } else { 0..0 } {
+                    part.rts.insert((r_s.bytes(j).to_vec(), r_si.bool(j), r_e.bytes(j).to_vec(), r_ei.bool(j)),
+                                    (r_ts.i64(j), r_ldt.i64(j)));
+                }
+                continue;
             }
-            continue;
-        }
-        let mut row = RowState::default();
-        if let Some(ts) = lts.opt_i64(i) {
-            row.liveness = Some((ts, lttl.opt_i32(i).unwrap_or(0), lldt.opt_i64(i).ok_or("liveness without ldt")?));
-        }
-        if let Some(ts) = dts.opt_i64(i) {
-            row.deletion = Some((ts, dldt.opt_i64(i).ok_or("deletion without ldt")?));
-        }
-        if let Some(ts) = sts.opt_i64(i) {
-            row.shadowable = Some((ts, sldt.opt_i64(i).ok_or("shadowable deletion without ldt")?));
-        }
-        for j in if cdels.valid(i) { cdels.list_range(i) } else { 0..0 } {
-            let col = t.col(d_col.bytes(j));
-            let (e, _) = row.complex_mut(col);
-            *e = Complex { del: Some((d_ts.i64(j), d_ldt.i64(j))), cells: BTreeMap::new() };
-        }
-        for j in if cells.valid(i) { cells.list_range(i) } else { 0..0 } {
-            let col = t.col(c_col.bytes(j));
-            let cell = Cell { ts: c_ts.i64(j), ttl: c_ttl.i32(j), ldt: c_ldt.i64(j), tomb: c_tomb.bool(j),
-                              value: c_value.bytes(j).to_vec() };
-            match c_path.opt_bytes(j) {
-                None => row.set_cell(col, cell),
-                Some(p) => {
-                    row.complex_mut(col).0.cells.insert(p.to_vec(), cell);
+            let mut row = RowState::default();
+            if let Some(ts) = self.lts.opt_i64(i) {
+                row.liveness = Some((ts, self.lttl.opt_i32(i).unwrap_or(0),
+                                     self.lldt.opt_i64(i).ok_or("liveness without ldt")?));
+            }
+            if let Some(ts) = self.dts.opt_i64(i) {
+                row.deletion = Some((ts, self.dldt.opt_i64(i).ok_or("deletion without ldt")?));
+            }
+            if let Some(ts) = self.sts.opt_i64(i) {
+                row.shadowable = Some((ts, self.sldt.opt_i64(i).ok_or("shadowable deletion without ldt")?));
+            }
+            for j in if self.cdels.valid(i) { self.cdels.list_range(i) } else { 0..0 } {
+                let (e, _) = row.complex_mut(id(d_col.bytes(j))?);
+                *e = Complex { del: Some((d_ts.i64(j), d_ldt.i64(j))), cells: BTreeMap::new() };
+            }
+            for j in if self.cells.valid(i) { self.cells.list_range(i) } else { 0..0 } {
+                let col = id(c_col.bytes(j))?;
+                let cell = Cell { ts: c_ts.i64(j), ttl: c_ttl.i32(j), ldt: c_ldt.i64(j), tomb: c_tomb.bool(j),
+                                  value: c_value.bytes(j).to_vec() };
+                match c_path.opt_bytes(j) {
+                    None => row.set_cell(col, cell),
+                    Some(p) => {
+                        row.complex_mut(col).0.cells.insert(p.to_vec(), cell);
+                    }
                 }
             }
-        }
-        match k {
-            b"static" => part.static_row = row,
-            b"row" => {
-                part.rows.insert(ck.bytes(i).to_vec(), row);
+            match k {
+                b"static" => part.static_row = row,
+                b"row" => {
+                    part.rows.insert(self.ck.bytes(i).to_vec(), row);
+                }
+                other => return Err(format!("unknown state row_kind {:?}", String::from_utf8_lossy(other))),
             }
-            other => return Err(format!("unknown state row_kind {:?}", String::from_utf8_lossy(other))),
         }
+        Ok(Some(part))
     }
-    Ok(out)
 }
 
 /// Every builder's length, to undo what a doubted partition appended.
@@ -285,7 +389,7 @@ pub fn process_table(t: &mut Table, cell_log: &Col, stored: &Col, expiring: &[Ve
                      -> Result<Output, String> {
     let log = CellLog::new(cell_log)?;
     // replica copies: one record per identity, the smallest source; kept in first-seen order
-    let mut first: HashMap<Identity, usize> = HashMap::with_capacity(cell_log.len);
+    let mut first: FastMap<Identity, usize> = FastMap::with_capacity_and_hasher(cell_log.len, Default::default());
     let mut kept: Vec<usize> = Vec::with_capacity(cell_log.len);
     for i in 0..cell_log.len {
         match first.entry(log.identity(i)) {
@@ -303,7 +407,7 @@ pub fn process_table(t: &mut Table, cell_log: &Col, stored: &Col, expiring: &[Ve
     }
     drop(first);
     // partitions: records in first-seen order; a record of unknown kind sends its partition to Python
-    let mut by_key: HashMap<&[u8], (i64, Vec<Rec>, bool)> = HashMap::new();
+    let mut by_key: FastMap<&[u8], (i64, Vec<Rec>, bool)> = FastMap::default();
     for &i in &kept {
         let pk = log.pk.bytes(i);
         let rec = log.rec(t, i);
@@ -318,7 +422,7 @@ pub fn process_table(t: &mut Table, cell_log: &Col, stored: &Col, expiring: &[Ve
     }
     let mut order: Vec<(&[u8], i64)> = by_key.iter().map(|(k, v)| (*k, v.0)).collect();
     order.sort_by(|a, b| (a.1, a.0).cmp(&(b.1, b.0)));
-    let stored = read_states(t, stored)?;
+    let stored = Stored::new(t, stored)?;
     let t: &Table = t;
     let ctx = EventCtx { cluster: s.cluster, node: "", ts_ms: s.now * 1000 };
     let em = Emitter { t, ctx: &ctx };
@@ -332,7 +436,8 @@ pub fn process_table(t: &mut Table, cell_log: &Col, stored: &Col, expiring: &[Ve
             out.doubted.push(idx);
             continue;
         }
-        let prior = stored.get(pk);
+        let prior_state = stored.partition(t, pk)?;
+        let prior = prior_state.as_ref();
         events.clear();
         let mark = lengths(&out.state);
         let done = process_partition(&em, pk, recs, prior, s, &mut events).and_then(|(state, changed)| {

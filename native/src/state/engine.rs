@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use sha2::{Digest, Sha256};
 
 use super::table::{ColId, Role, Table};
-use super::text::{json_str, repr_ascii_str, repr_bytes};
+use super::text::{json_str, push_hex, push_i128, push_i64, repr_ascii_str, repr_bytes};
 use super::types::{self, Doubt, Ty, D};
 
 pub const NO_TIMESTAMP: i64 = i64::MIN;
@@ -812,16 +812,16 @@ impl<'a> Emitter<'a> {
         }
         ej.push_str(",\"position\":");
         match source {
-            Some((_, pos)) => ej.push_str(&pos.to_string()),
+            Some((_, pos)) => push_i64(&mut ej, pos),
             None => ej.push_str("null"),
         }
         ej.push_str(",\"ts_us\":");
-        ej.push_str(&ts_us.to_string());
+        push_i64(&mut ej, ts_us);
         ej.push_str(if expired { ",\"expired\":true" } else { ",\"expired\":false" });
         ej.push_str(",\"snapshot\":false},\"op\":\"");
         ej.push(op as char);
         ej.push_str("\",\"ts_ms\":");
-        ej.push_str(&self.ctx.ts_ms.to_string());
+        push_i64(&mut ej, self.ctx.ts_ms);
         ej.push_str(",\"id\":\"");
         ej.push_str(&event_id);
         ej.push_str("\",\"changed\":[");
@@ -915,7 +915,7 @@ pub fn ival_json(out: &mut String, ty: &Ty, v: &IVal) -> D<()> {
     match v {
         IVal::Bytes(b) => types::json_value(out, ty, b),
         IVal::Counter(total) => {
-            out.push_str(&total.to_string());
+            push_i128(out, *total);
             Ok(())
         }
         IVal::Items(items) => complex_json(out, ty, items),
@@ -1007,29 +1007,51 @@ fn repr_del(out: &mut String, d: &Option<Del>) {
         None => out.push_str("None"),
         Some((a, b)) => {
             out.push('(');
-            out.push_str(&a.to_string());
+            push_i64(out, *a);
             out.push_str(", ");
-            out.push_str(&b.to_string());
+            push_i64(out, *b);
             out.push(')');
         }
     }
 }
 
 fn repr_cell(out: &mut String, c: &Cell) {
-    use std::fmt::Write;
-    let _ = write!(out, "({}, {}, {}, {}, ", c.ts, c.ttl, c.ldt, if c.tomb { "True" } else { "False" });
+    out.push('(');
+    push_i64(out, c.ts);
+    out.push_str(", ");
+    push_i64(out, c.ttl as i64);
+    out.push_str(", ");
+    push_i64(out, c.ldt);
+    out.push_str(if c.tomb { ", True, " } else { ", False, " });
     repr_bytes(out, &c.value);
     out.push(')');
 }
 
-/// Python's repr of a tuple of already-rendered items.
-fn repr_tuple(out: &mut String, items: &[String]) {
-    out.push('(');
-    out.push_str(&items.join(", "));
-    if items.len() == 1 {
-        out.push(',');
+/// Python's repr of a tuple, its items written in place: `(a, b)`, `(a,)`, `()`.
+struct ReprTuple {
+    n: usize,
+}
+
+impl ReprTuple {
+    fn open(out: &mut String) -> ReprTuple {
+        out.push('(');
+        ReprTuple { n: 0 }
     }
-    out.push(')');
+
+    /// Call before writing each item.
+    fn item(&mut self, out: &mut String) {
+        if self.n > 0 {
+            out.push_str(", ");
+        }
+        self.n += 1;
+    }
+
+    fn close(self, out: &mut String) {
+        if self.n == 1 {
+            out.push(',');
+        }
+        out.push(')');
+    }
 }
 
 fn repr_name(out: &mut String, t: &Table, col: ColId) -> D<()> {
@@ -1048,7 +1070,15 @@ fn repr_row_state(out: &mut String, t: &Table, row: Option<&RowState>) -> D<()> 
     out.push('(');
     match row.liveness {
         None => out.push_str("None"),
-        Some((a, b, c)) => out.push_str(&format!("({a}, {b}, {c})")),
+        Some((a, b, c)) => {
+            out.push('(');
+            push_i64(out, a);
+            out.push_str(", ");
+            push_i64(out, b as i64);
+            out.push_str(", ");
+            push_i64(out, c);
+            out.push(')');
+        }
     }
     out.push_str(", ");
     repr_del(out, &row.deletion);
@@ -1057,40 +1087,40 @@ fn repr_row_state(out: &mut String, t: &Table, row: Option<&RowState>) -> D<()> 
     out.push_str(", ");
     let mut cells: Vec<&(ColId, Cell)> = row.cells.iter().collect();
     cells.sort_by(|a, b| t.name_of(a.0).cmp(t.name_of(b.0)));
-    let mut items = Vec::with_capacity(cells.len());
+    let mut tup = ReprTuple::open(out);
     for (col, c) in cells {
-        let mut s = String::from("(");
-        repr_name(&mut s, t, *col)?;
-        s.push_str(", ");
-        repr_cell(&mut s, c);
-        s.push(')');
-        items.push(s);
+        tup.item(out);
+        out.push('(');
+        repr_name(out, t, *col)?;
+        out.push_str(", ");
+        repr_cell(out, c);
+        out.push(')');
     }
-    repr_tuple(out, &items);
+    tup.close(out);
     out.push_str(", ");
     let mut complex: Vec<&(ColId, Complex)> = row.complex.iter().collect();
     complex.sort_by(|a, b| t.name_of(a.0).cmp(t.name_of(b.0)));
-    let mut items = Vec::with_capacity(complex.len());
+    let mut tup = ReprTuple::open(out);
     for (col, e) in complex {
-        let mut s = String::from("(");
-        repr_name(&mut s, t, *col)?;
-        s.push_str(", ");
-        repr_del(&mut s, &e.del);
-        s.push_str(", ");
-        let mut inner = Vec::with_capacity(e.cells.len());
+        tup.item(out);
+        out.push('(');
+        repr_name(out, t, *col)?;
+        out.push_str(", ");
+        repr_del(out, &e.del);
+        out.push_str(", ");
+        let mut inner = ReprTuple::open(out);
         for (p, c) in &e.cells {
-            let mut x = String::from("(");
-            repr_bytes(&mut x, p);
-            x.push_str(", ");
-            repr_cell(&mut x, c);
-            x.push(')');
-            inner.push(x);
+            inner.item(out);
+            out.push('(');
+            repr_bytes(out, p);
+            out.push_str(", ");
+            repr_cell(out, c);
+            out.push(')');
         }
-        repr_tuple(&mut s, &inner);
-        s.push(')');
-        items.push(s);
+        inner.close(out);
+        out.push(')');
     }
-    repr_tuple(out, &items);
+    tup.close(out);
     out.push(')');
     Ok(())
 }
@@ -1098,21 +1128,21 @@ fn repr_row_state(out: &mut String, t: &Table, row: Option<&RowState>) -> D<()> 
 fn repr_ival(out: &mut String, v: &IVal) {
     match v {
         IVal::Bytes(b) => repr_bytes(out, b),
-        IVal::Counter(n) => out.push_str(&n.to_string()),
+        IVal::Counter(n) => push_i128(out, *n),
         IVal::Items(items) => {
-            let mut rendered = Vec::with_capacity(items.len());
+            let mut tup = ReprTuple::open(out);
             for (p, x) in items {
-                let mut s = String::from("(");
+                tup.item(out);
+                out.push('(');
                 match p {
-                    None => s.push_str("None"),
-                    Some(p) => repr_bytes(&mut s, p),
+                    None => out.push_str("None"),
+                    Some(p) => repr_bytes(out, p),
                 }
-                s.push_str(", ");
-                repr_bytes(&mut s, x);
-                s.push(')');
-                rendered.push(s);
+                out.push_str(", ");
+                repr_bytes(out, x);
+                out.push(')');
             }
-            repr_tuple(out, &rendered);
+            tup.close(out);
         }
     }
 }
@@ -1157,7 +1187,7 @@ pub fn event_id(t: &Table, pk: &[u8], key: &RowKey, op: u8, ts_us: i64, expired:
     s.push_str(", '");
     s.push(op as char);
     s.push_str("', ");
-    s.push_str(&ts_us.to_string());
+    push_i64(&mut s, ts_us);
     s.push_str(if expired { ", True)" } else { ", False)" });
     h.update(s.as_bytes());
     s.clear();
@@ -1172,7 +1202,7 @@ pub fn event_id(t: &Table, pk: &[u8], key: &RowKey, op: u8, ts_us: i64, expired:
             repr_row_state(&mut s, t, part.rows.get(k))?;
             h.update(s.as_bytes());
             s.clear();
-            s.push_str(&row_shadow_ts(t, part, k)?.to_string());
+            push_i64(&mut s, row_shadow_ts(t, part, k)?);
             h.update(s.as_bytes());
         }
         None => {
@@ -1207,10 +1237,7 @@ pub fn event_id(t: &Table, pk: &[u8], key: &RowKey, op: u8, ts_us: i64, expired:
     }
     let digest = h.finalize();
     let mut hexs = String::with_capacity(32);
-    for b in &digest[..16] {
-        use std::fmt::Write;
-        let _ = write!(hexs, "{b:02x}");
-    }
+    push_hex(&mut hexs, &digest[..16]);
     Ok(hexs)
 }
 

@@ -121,6 +121,11 @@ impl Table {
         id
     }
 
+    /// The id of a column name already known (see `col`).
+    pub fn lookup(&self, name: &[u8]) -> Option<ColId> {
+        self.by_name.get(name).copied()
+    }
+
     #[inline]
     pub fn c(&self, id: ColId) -> &Column {
         &self.cols[id as usize]

@@ -206,6 +206,44 @@ pub fn decimal_str(out: &mut String, unscaled: &[u8], scale: i32) {
     }
 }
 
+// ---- integers and hex, without core::fmt (the hot paths write several per event) ---------------------------
+
+/// The decimal digits of `v` (as `str(v)`).
+pub fn push_i64(out: &mut String, v: i64) {
+    push_i128(out, v as i128);
+}
+
+pub fn push_i128(out: &mut String, v: i128) {
+    let mut buf = [0u8; 40];
+    let mut i = buf.len();
+    let neg = v < 0;
+    let mut n = v.unsigned_abs();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    if neg {
+        i -= 1;
+        buf[i] = b'-';
+    }
+    // SAFETY: ASCII digits and '-'
+    out.push_str(unsafe { std::str::from_utf8_unchecked(&buf[i..]) });
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// Two lowercase hex digits per byte.
+pub fn push_hex(out: &mut String, b: &[u8]) {
+    for &x in b {
+        out.push(HEX[(x >> 4) as usize] as char);
+        out.push(HEX[(x & 15) as usize] as char);
+    }
+}
+
 // ---- repr() ------------------------------------------------------------------------------------------------
 
 /// `repr(bytes)`.
@@ -225,7 +263,8 @@ pub fn repr_bytes(out: &mut String, b: &[u8]) {
             }
             0x20..=0x7e => out.push(c as char),
             c => {
-                let _ = write!(out, "\\x{c:02x}");
+                out.push_str("\\x");
+                push_hex(out, &[c]);
             }
         }
     }

@@ -562,17 +562,13 @@ pub fn json_value(out: &mut String, t: &Ty, b: &[u8]) -> D<()> {
 const EMPTY_JSON_COMPACT: &str = "{\"$empty\":true}";
 
 fn hex(out: &mut String, b: &[u8]) {
-    use std::fmt::Write;
     out.push_str("\"0x");
-    for x in b {
-        let _ = write!(out, "{x:02x}");
-    }
+    crate::state::text::push_hex(out, b);
     out.push('"');
 }
 
 fn push_int(out: &mut String, v: i128) {
-    use std::fmt::Write;
-    let _ = write!(out, "{v}");
+    crate::state::text::push_i128(out, v);
 }
 
 /// A JSON value or null.
