@@ -477,20 +477,24 @@ class DeltaRsStateStore:
         dt = self._open(uri, self.versions.get(uri))
         return None if dt is None else dt.to_pyarrow_dataset()
 
-    def read_state_rows(self, table, keys: Iterable[bytes], columns: Optional[list] = None) -> pa.Table:
-        """The stored rows of the partitions ``keys`` (metadata columns unless ``columns``)."""
-        keys = set(keys)
+    def read_state_rows(self, table, keys, columns: Optional[list] = None,
+                        tokens: Optional[pa.Array] = None) -> pa.Table:
+        """The stored rows of the partitions ``keys`` (metadata columns unless ``columns``). ``keys``: bytes, or
+        an Arrow binary array of distinct keys given with their ``tokens`` (no Python object per key)."""
+        if not isinstance(keys, (pa.Array, pa.ChunkedArray)):
+            keys = pa.array(list(set(keys)), pa.binary())
         ds = self._dataset(table)
         cols = columns or [c for c in META_COLUMNS if c in (ds.schema.names if ds is not None else ())]
-        if ds is None or not keys:
+        if ds is None or not len(keys):
             return pa.table({c: pa.array([], META_SCHEMA.field(c).type) for c in META_COLUMNS})
-        tokens = sorted({murmur3_token(k) for k in keys})
+        if tokens is None:
+            tokens = pa.array(sorted({murmur3_token(k) for k in keys.to_pylist()}), pa.int64())
+        lo, hi = pc.min_max(tokens).values()
         # the range test lets Parquet statistics skip row groups; the set test picks the partitions
-        f = ((pc.field("_cdc_token") >= tokens[0]) & (pc.field("_cdc_token") <= tokens[-1])
-             & pc.field("_cdc_token").isin(pa.array(tokens, pa.int64())))
+        f = ((pc.field("_cdc_token") >= lo) & (pc.field("_cdc_token") <= hi)
+             & pc.field("_cdc_token").isin(tokens))
         t = ds.to_table(columns=cols, filter=f)
-        mask = pc.is_in(t["_cdc_partition_key"], value_set=pa.array(list(keys), pa.binary()))
-        return t.filter(mask)
+        return t.filter(pc.is_in(t["_cdc_partition_key"], value_set=keys))
 
     def read_partitions(self, table, keys: Iterable[bytes]) -> dict:
         t = self.read_state_rows(table, keys)
@@ -985,9 +989,16 @@ def _run_store_batch_native(store, schema, cell_log_batches, *, batch_id, batch_
     outbox, sources = [], []
     for tid, table in sorted(tables.items(), key=lambda kv: table_order(kv[1])):
         cells = log_table.filter(pc.equal(log_table.column("table_id"), tid))
-        keys = set(cells.column("partition_key").to_pylist())
-        expiring = [k for k in store.expiring_keys(table, prev_now, now) if k not in keys] if sweeping else []
-        stored = store.read_state_rows(table, keys | set(expiring))
+        keys = pc.unique(cells.column("partition_key"))
+        tokens = pc.unique(cells.column("token"))
+        expiring = []
+        if sweeping:
+            due = pa.array(store.expiring_keys(table, prev_now, now), pa.binary())
+            expiring = due.filter(pc.invert(pc.is_in(due, value_set=keys))).to_pylist()
+        if expiring:
+            keys = pa.concat_arrays([keys, pa.array(expiring, pa.binary())])
+            tokens = pa.concat_arrays([tokens, pa.array([murmur3_token(k) for k in expiring], pa.int64())])
+        stored = store.read_state_rows(table, keys, tokens=tokens)
         events, source, changed = table_outputs(table, cells, stored, now, prev_now=prev_now, expiring=expiring,
                                                 cluster=cluster, batch_seq=batch_seq)
         if events.num_rows:
