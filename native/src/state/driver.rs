@@ -85,9 +85,11 @@ pub struct Events {
 }
 
 impl Events {
-    fn new() -> Events {
-        Events { partition: Vec::new(), event_id: Out::var(), op: Out::var(), key_json: Out::var(),
-                 event_json: Out::var(), ts_us: Vec::new() }
+    /// Room for about `n` events (one per change is the common case).
+    fn with_capacity(n: usize) -> Events {
+        Events { partition: Vec::with_capacity(n), event_id: Out::var_with_capacity(n, 32 * n),
+                 op: Out::var_with_capacity(n, n), key_json: Out::var_with_capacity(n, 64 * n),
+                 event_json: Out::var_with_capacity(n, 1024 * n), ts_us: Vec::with_capacity(n) }
     }
 
     fn push(&mut self, partition: usize, e: &Event) {
@@ -426,8 +428,8 @@ pub fn process_table(t: &mut Table, cell_log: &Col, stored: &Col, expiring: &[Ve
     let t: &Table = t;
     let ctx = EventCtx { cluster: s.cluster, node: "", ts_ms: s.now * 1000 };
     let em = Emitter { t, ctx: &ctx };
-    let mut out = Output { keys: Vec::with_capacity(order.len()), doubted: Vec::new(), events: Events::new(),
-                           state: StateRows::new(t), changed: 0 };
+    let mut out = Output { keys: Vec::with_capacity(order.len()), doubted: Vec::new(),
+                           events: Events::with_capacity(order.len()), state: StateRows::new(t), changed: 0 };
     let mut events: Vec<Event> = Vec::new();
     for (idx, (pk, token)) in order.into_iter().enumerate() {
         out.keys.push((pk.to_vec(), token));

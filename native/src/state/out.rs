@@ -30,6 +30,14 @@ impl Out {
         Out::Var { offsets: vec![0], data: Vec::new(), valid: Bits::default() }
     }
 
+    /// A binary/string column with room for `items` values of `bytes` in all: reserved address space is not
+    /// memory until written, and growing by doubling would copy the data and touch fresh pages again.
+    pub fn var_with_capacity(items: usize, bytes: usize) -> Out {
+        let mut offsets = Vec::with_capacity(items + 1);
+        offsets.push(0);
+        Out::Var { offsets, data: Vec::with_capacity(bytes), valid: Bits::default() }
+    }
+
     pub fn list(child: Out) -> Out {
         Out::List { offsets: vec![0], valid: Bits::default(), child: Box::new(child) }
     }
