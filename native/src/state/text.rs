@@ -210,13 +210,30 @@ pub fn decimal_str(out: &mut String, unscaled: &[u8], scale: i32) {
 
 /// The decimal digits of `v` (as `str(v)`).
 pub fn push_i64(out: &mut String, v: i64) {
-    push_i128(out, v as i128);
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    let mut n = v.unsigned_abs(); // u64 arithmetic: u128 division is a library call
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    if v < 0 {
+        out.push('-');
+    }
+    // SAFETY: ASCII digits
+    out.push_str(unsafe { std::str::from_utf8_unchecked(&buf[i..]) });
 }
 
 pub fn push_i128(out: &mut String, v: i128) {
+    if let Ok(small) = i64::try_from(v) {
+        return push_i64(out, small);
+    }
     let mut buf = [0u8; 40];
     let mut i = buf.len();
-    let neg = v < 0;
     let mut n = v.unsigned_abs();
     loop {
         i -= 1;
@@ -226,11 +243,10 @@ pub fn push_i128(out: &mut String, v: i128) {
             break;
         }
     }
-    if neg {
-        i -= 1;
-        buf[i] = b'-';
+    if v < 0 {
+        out.push('-');
     }
-    // SAFETY: ASCII digits and '-'
+    // SAFETY: ASCII digits
     out.push_str(unsafe { std::str::from_utf8_unchecked(&buf[i..]) });
 }
 
