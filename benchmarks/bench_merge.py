@@ -97,7 +97,7 @@ def state_chunk(table, ids: np.ndarray, ts: int) -> pa.Table:
         "_cdc_cells": cells, "_cdc_complex_deletions": empty_list("_cdc_complex_deletions"),
         "_cdc_range_tombstones": empty_list("_cdc_range_tombstones"), "_cdc_token": tokens,
         "_cdc_live": pa.array(np.ones(n, bool)), "_cdc_updated_batch": pa.array(np.zeros(n, np.int64)),
-        "_cdc_oldest_deletion": pa.array(np.full(n, NO_DELETION_TIME, np.int64)),
+        delta_store.OLDEST_DELETION: pa.array(np.full(n, NO_DELETION_TIME, np.int64)),   # no deletion, no TTL
     }
     arrays = [cols[f.name] if f.name in cols else pa.nulls(n, f.type) for f in schema]
     return pa.Table.from_arrays(arrays, schema=schema).sort_by("_cdc_token")
@@ -238,6 +238,37 @@ def cdc_merge(root: str, schema, cells: pa.Table, engine: str) -> tuple:
     return cdc, res["events"], timings, fine
 
 
+def change_ids(state_rows: int, changes: int, new_fraction: float, seed: int) -> tuple:
+    """(ids, n values, how many ids are new) of a batch: distinct ids, ``new_fraction`` of them odd (not in a
+    state built by ``build_state``), the rest even (rows of it), shuffled."""
+    rng = np.random.default_rng(seed)
+    n_new = int(changes * new_fraction)
+    existing = rng.choice(state_rows, size=changes - n_new, replace=False).astype(np.int64) * 2
+    new = rng.choice(state_rows, size=n_new, replace=False).astype(np.int64) * 2 + 1
+    ids = np.concatenate([existing, new])
+    rng.shuffle(ids)
+    nvals = rng.integers(-1000, 1000, size=len(ids)).astype(np.int32)
+    return ids, nvals, n_new
+
+
+def cdc_batch(store, schema: Schema, table, ids: np.ndarray, nvals: np.ndarray) -> dict:
+    """The batch of changes ``ids``/``nvals`` as the pipeline runs it without Spark (``run_store_batch``)."""
+    cells = change_records(table, ids, TS0 + 1_000_000, "w", nvals)
+    return delta_store.run_store_batch(store, schema, cells.to_batches(max_chunksize=65536),
+                                       batch_id="bench-1", batch_seq=1, now=NOW + 5)
+
+
+def upsert_rows(ids: np.ndarray, nvals: np.ndarray) -> pa.Table:
+    """The plain table's rows ``(id, v, n)`` of the same changes."""
+    return pa.table({"id": pa.array(ids), "v": _texts(ids, "w"), "n": pa.array(nvals)})
+
+
+def plain_upsert(uri: str, src: pa.Table) -> None:
+    from deltalake import DeltaTable
+    (DeltaTable(uri).merge(src, "t.id = s.id", source_alias="s", target_alias="t")
+        .when_matched_update_all().when_not_matched_insert_all().execute())
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--state-rows", type=int, default=10_000_000)
@@ -262,13 +293,7 @@ def main(argv=None) -> int:
         plain = build_plain(work, a.state_rows, a.chunk)
         print(f"built 2 x {a.state_rows:,} rows in {time.perf_counter() - t0:.1f} s")
 
-        rng = np.random.default_rng(a.seed)
-        n_new = int(a.changes * a.new_fraction)
-        existing = rng.choice(a.state_rows, size=a.changes - n_new, replace=False).astype(np.int64) * 2
-        new = rng.choice(a.state_rows, size=n_new, replace=False).astype(np.int64) * 2 + 1
-        ids = np.concatenate([existing, new])
-        rng.shuffle(ids)
-        nvals = rng.integers(-1000, 1000, size=len(ids)).astype(np.int32)
+        ids, nvals, n_new = change_ids(a.state_rows, a.changes, a.new_fraction, a.seed)
 
         # --- cdc merge: the whole batch, by each engine on its own copy of the state
         cells = change_records(table, ids, TS0 + 1_000_000, "w", nvals)
@@ -278,12 +303,11 @@ def main(argv=None) -> int:
             shutil.copytree(os.path.join(work, "delta"), os.path.join(root, "delta"))
             results[engine] = cdc_merge(root, schema, cells, engine)
             shutil.rmtree(root, ignore_errors=True)
+
         # --- plain upsert of the same number of rows
-        from deltalake import DeltaTable
-        src = pa.table({"id": pa.array(ids), "v": _texts(ids, "w"), "n": pa.array(nvals)})
+        src = upsert_rows(ids, nvals)
         t0 = time.perf_counter()
-        (DeltaTable(plain).merge(src, "t.id = s.id", source_alias="s", target_alias="t")
-            .when_matched_update_all().when_not_matched_insert_all().execute())
+        plain_upsert(plain, src)
         plain_s = time.perf_counter() - t0
 
         print(f"state rows {a.state_rows:,}, changes {a.changes:,} ({n_new:,} new)")
