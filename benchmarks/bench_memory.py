@@ -14,7 +14,8 @@
 2. **A batch of ``--changes`` changes** (``bench_merge.py``'s workload and engine: ``UPDATE kv SET n = ?, v = ?
    WHERE id = ?`` on distinct ids, a fifth of them new, into a state of ``--state-rows`` rows) through
    ``sinks.delta.run_store_batch``: read the prior state, reconcile, build the events and their outbox rows, the
-   state rows, then the outbox append and the state MERGE. Baselines: the same changes held as an Arrow table of
+   state rows, then the outbox append and the state MERGE, once with the Python engine (``CASSANDRA_CDC_NATIVE=0``)
+   and once with the compiled one (``=1``). Baselines: the same changes held as an Arrow table of
    ``(id, v, n)`` rows, the batch's cell log as Arrow (what the engine starts from), and a plain deltalake upsert
    of the ``(id, v, n)`` rows into a plain table of as many rows (as ``bench_merge.py`` times it).
 
@@ -41,6 +42,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from typing import Optional
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -154,6 +156,11 @@ def child(a) -> None:
     else:
         _import_paths()
         from bench_merge import change_ids
+
+        from cdc_lib.state import native as native_state
+        if a.measure == "cdc-native" and not native_state.available():
+            print(json.dumps({"unavailable": "the compiled state engine is not installed (scripts/setup.sh)"}))
+            return
         work = _batch_work(a)
         ids, nvals, _ = change_ids(a.state_rows, a.changes, a.new_fraction, a.seed)
         work(os.path.join(a.store, "warm-up"), ids[:100], nvals[:100])
@@ -163,9 +170,11 @@ def child(a) -> None:
 
 # --- the parent: prepare, run each measurement in a process of its own, print ---------------------------------
 
-def run_child(args: list) -> dict:
-    """Run this script with ``args`` in a fresh process: what it printed last (a JSON object), or {}."""
-    r = subprocess.run([sys.executable, os.path.abspath(__file__), *args], capture_output=True, text=True)
+def run_child(args: list, env: Optional[dict] = None) -> dict:
+    """Run this script with ``args`` in a fresh process (``env``: variables to set in it): what it printed last
+    (a JSON object), or {}."""
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), *args], capture_output=True, text=True,
+                       env={**os.environ, **(env or {})})
     if r.returncode != 0:
         raise SystemExit(f"measurement {args} failed:\n{r.stderr[-4000:]}")
     lines = r.stdout.strip().splitlines()
@@ -250,18 +259,23 @@ def batch_section(work: str, a) -> None:
     runs = [("arrow-rows", "baseline: the changes as an Arrow table (id, v, n)", False),
             ("arrow-cells", "the batch's cell log as Arrow (2 records a change)", False),
             ("plain-upsert", "baseline: plain deltalake upsert of the (id, v, n) rows", False),
-            ("cdc", "cdc batch: run_store_batch (reconcile, events, state rows)", a.batch_tracemalloc)]
+            ("cdc", "cdc batch, Python engine (NATIVE=0): run_store_batch", a.batch_tracemalloc),
+            ("cdc-native", "cdc batch, compiled engine (NATIVE=1): run_store_batch", False)]
     for name, label, traced in runs:
         results = []
         for with_trace in (False, True) if traced else (False,):
             store = os.path.join(work, "run")
             shutil.rmtree(store, ignore_errors=True)
-            if name in ("plain-upsert", "cdc"):
+            if name in ("plain-upsert", "cdc", "cdc-native"):
                 shutil.copytree(pristine, store)       # each run writes into a fresh copy of the tables
             results.append(run_child(["--measure", name, "--store", store, *common]
-                                     + (["--trace"] if with_trace else [])))
+                                     + (["--trace"] if with_trace else []),
+                                     env={"CASSANDRA_CDC_NATIVE": "1" if name == "cdc-native" else "0"}))
             shutil.rmtree(store, ignore_errors=True)
         r = results[0]
+        if "unavailable" in r:
+            print(f"   {label:62s} no figure: {r['unavailable']}")
+            continue
         heap = f"{results[1]['traced_peak_bytes'] / MIB:7.1f} MiB" if len(results) > 1 else ""
         extra = ""
         if "arrow_bytes" in r:
