@@ -924,13 +924,14 @@ EVENT_FIELDS = ("event_id", "op", "key_json", "event_json", "ts_us")
 
 
 def table_outputs(table, cell_log: pa.Table, stored: pa.Table, now: int, *, prev_now: Optional[int] = None,
-                  expiring: Iterable[bytes] = (), cluster: str = "", batch_seq: int = 0) -> tuple:
+                  expiring: Iterable[bytes] = (), cluster: str = "", batch_seq: int = 0,
+                  threads: Optional[int] = None) -> tuple:
     """One table's batch with the compiled engine where it can: (events, state source, partitions changed).
 
     ``cell_log``: the table's cell-log records; ``stored``: the stored rows (``META_COLUMNS``) of every partition
     with records or in ``expiring``. ``events``: ``partition``, ``token``, ``partition_key``, ``idx`` (the event's
     number within its partition), then ``EVENT_FIELDS``, in publish order. ``state source``: the MERGE source rows
-    (``merge_source_schema``) of the changed partitions.
+    (``merge_source_schema``) of the changed partitions. ``threads``: the compiled engine's (``state.native``).
     """
     source_schema = merge_source_schema(table)
     records = stored.select([META_PREFIX + n for n in STATE_SCHEMA.names]).rename_columns(STATE_SCHEMA.names)
@@ -939,7 +940,7 @@ def table_outputs(table, cell_log: pa.Table, stored: pa.Table, now: int, *, prev
         try:
             tb = native_state.process_table(table, cell_log, records, now, state_schema=source_schema,
                                             prev_now=prev_now, expiring=expiring, cluster=cluster,
-                                            batch_seq=batch_seq)
+                                            batch_seq=batch_seq, threads=threads)
         except native_state.NotCompiled as e:
             log.warning("%s: the compiled state engine cannot take this table (%s); running it in Python",
                         table.qualified_name, e)

@@ -17,6 +17,7 @@ covers the batch sequence's plain case: a backfill's ``r`` events and scan horiz
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
@@ -99,20 +100,28 @@ def _array(spec, typ: pa.DataType) -> pa.Array:
                                  children=children or None)
 
 
+def default_threads() -> int:
+    """The cores this process may run on: the compiled engine spreads a table's partitions over them."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def process_table(table, cell_log, stored: pa.Table, now: int, *, state_schema: pa.Schema,
                   prev_now: Optional[int] = None, expiring: Iterable[bytes] = (), cluster: str = "",
-                  batch_seq: int = 0) -> TableBatch:
+                  batch_seq: int = 0, threads: Optional[int] = None) -> TableBatch:
     """``batch.process_table`` plus ``sinks.delta.change_rows`` for one table, compiled.
 
     ``cell_log``: the table's records (``CELL_LOG_SCHEMA``, a table or batch); ``stored``: the stored records
     of every partition with records or in ``expiring`` (``STATE_SCHEMA`` column names); ``state_schema``: the
-    MERGE source schema the state rows are built in (``sinks.delta.merge_source_schema``).
+    MERGE source schema the state rows are built in (``sinks.delta.merge_source_schema``). ``threads``: how
+    many threads the partitions are spread over (default: every core this process may use; a Spark task, which
+    shares the cores with its sibling tasks, passes 1). The GIL is released meanwhile.
     """
     log = _one_batch(cell_log, CELL_LOG_SCHEMA)
     st = _one_batch(stored.select(STATE_SCHEMA.names), STATE_SCHEMA)
     expiring = list(expiring)
     try:
-        out = _native.process_table(table_desc(table), log, st, expiring, now, prev_now, batch_seq, cluster)
+        out = _native.process_table(table_desc(table), log, st, expiring, now, prev_now, batch_seq, cluster,
+                                    threads or default_threads())
     except ValueError as e:
         raise NotCompiled(f"{table.qualified_name}: {e}") from e
     keys = out["keys"]

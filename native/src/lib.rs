@@ -523,16 +523,18 @@ fn out_spec(py: Python<'_>, o: Out) -> PyResult<Py<PyAny>> {
 
 /// One table's batch through the compiled state engine (see `cdc_lib.state.native.process_table`).
 #[pyfunction]
-#[pyo3(signature = (table_desc, cell_log, stored, expiring, now, prev_now, batch_seq, cluster))]
+#[pyo3(signature = (table_desc, cell_log, stored, expiring, now, prev_now, batch_seq, cluster, threads=1))]
 #[allow(clippy::too_many_arguments)]
 fn process_table<'py>(py: Python<'py>, table_desc: &Bound<'py, PyAny>, cell_log: &Bound<'py, PyAny>,
                       stored: &Bound<'py, PyAny>, expiring: Vec<Vec<u8>>, now: i64, prev_now: Option<i64>,
-                      batch_seq: i64, cluster: &str) -> PyResult<Bound<'py, PyDict>> {
+                      batch_seq: i64, cluster: &str, threads: usize) -> PyResult<Bound<'py, PyDict>> {
     let mut table = table_from_desc(table_desc)?;
     let log = import_array(cell_log)?;
     let st = import_array(stored)?;
-    let settings = state::driver::Settings { now, prev_now, batch_seq, cluster };
-    let out = state::driver::process_table(&mut table, &log.col, &st.col, &expiring, &settings)
+    let settings = state::driver::Settings { threads, now, prev_now, batch_seq, cluster };
+    let (log_col, st_col) = (&log.col, &st.col);
+    // the engine touches no Python object: other Python threads run meanwhile
+    let out = py.detach(|| state::driver::process_table(&mut table, log_col, st_col, &expiring, &settings))
         .map_err(PyValueError::new_err)?;
     let d = PyDict::new(py);
     let keys = PyList::empty(py);

@@ -47,6 +47,8 @@ pub struct Col {
 }
 
 unsafe impl Send for Col {}
+// SAFETY: a read-only view; the engine's threads only read the buffers, which live for the whole call
+unsafe impl Sync for Col {}
 
 impl Col {
     /// # Safety

@@ -92,6 +92,15 @@ impl Events {
                  event_json: Out::var_with_capacity(n, 1024 * n), ts_us: Vec::with_capacity(n) }
     }
 
+    fn append(&mut self, other: Events) {
+        self.partition.extend(other.partition);
+        self.event_id.append(other.event_id);
+        self.op.append(other.op);
+        self.key_json.append(other.key_json);
+        self.event_json.append(other.event_json);
+        self.ts_us.extend(other.ts_us);
+    }
+
     fn push(&mut self, partition: usize, e: &Event) {
         self.partition.push(partition as i32);
         self.event_id.bytes(e.event_id.as_bytes());
@@ -115,6 +124,8 @@ pub struct Output {
 
 /// The settings of one batch (`process_partition`'s arguments).
 pub struct Settings<'a> {
+    /// threads to spread the partitions over
+    pub threads: usize,
     pub now: i64,
     pub prev_now: Option<i64>,
     pub batch_seq: i64,
@@ -334,33 +345,14 @@ impl<'a> Stored<'a> {
 }
 
 /// Every builder's length, to undo what a doubted partition appended.
-fn lengths(s: &StateRows) -> (usize, Vec<usize>) {
-    let cols = state_builders(s);
-    (s.n, cols.iter().map(|o| o.len()).collect())
-}
-
-fn state_builders(s: &StateRows) -> Vec<&Out> {
-    let mut v: Vec<&Out> = s.typed.iter().collect();
-    v.extend([&s.partition_key, &s.row_kind, &s.clustering, &s.liveness_ts, &s.liveness_ttl, &s.liveness_ldt,
-              &s.deletion_ts, &s.deletion_ldt, &s.shadowable_ts, &s.shadowable_ldt, &s.cells, &s.complex_deletions,
-              &s.range_tombstones, &s.token, &s.live, &s.next_expiry, &s.updated_batch, &s.oldest_deletion,
-              &s.delete]);
-    v
+fn lengths(s: &mut StateRows) -> (usize, Vec<usize>) {
+    (s.n, s.columns_mut().iter().map(|o| o.len()).collect())
 }
 
 fn truncate(s: &mut StateRows, to: &(usize, Vec<usize>)) {
     s.n = to.0;
-    let mut i = 0;
-    for o in s.typed.iter_mut() {
-        o.truncate(to.1[i]);
-        i += 1;
-    }
-    for o in [&mut s.partition_key, &mut s.row_kind, &mut s.clustering, &mut s.liveness_ts, &mut s.liveness_ttl,
-              &mut s.liveness_ldt, &mut s.deletion_ts, &mut s.deletion_ldt, &mut s.shadowable_ts,
-              &mut s.shadowable_ldt, &mut s.cells, &mut s.complex_deletions, &mut s.range_tombstones, &mut s.token,
-              &mut s.live, &mut s.next_expiry, &mut s.updated_batch, &mut s.oldest_deletion, &mut s.delete] {
-        o.truncate(to.1[i]);
-        i += 1;
+    for (o, n) in s.columns_mut().into_iter().zip(&to.1) {
+        o.truncate(*n);
     }
 }
 
@@ -428,11 +420,51 @@ pub fn process_table(t: &mut Table, cell_log: &Col, stored: &Col, expiring: &[Ve
     let t: &Table = t;
     let ctx = EventCtx { cluster: s.cluster, node: "", ts_ms: s.now * 1000 };
     let em = Emitter { t, ctx: &ctx };
-    let mut out = Output { keys: Vec::with_capacity(order.len()), doubted: Vec::new(),
-                           events: Events::with_capacity(order.len()), state: StateRows::new(t), changed: 0 };
+    // partitions are independent: contiguous runs of them on `threads` threads, outputs joined in order
+    let threads = s.threads.clamp(1, order.len().max(1));
+    let per = order.len().div_ceil(threads).max(1);
+    let runs: Vec<Result<Run, String>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = order.chunks(per).enumerate()
+            .map(|(i, part)| {
+                let (em, stored, by_key) = (&em, &stored, &by_key);
+                scope.spawn(move || process_run(em, stored, by_key, part, i * per, s))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("a state engine thread panicked")).collect()
+    });
+    let mut out = Output { keys: order.iter().map(|(k, tok)| (k.to_vec(), *tok)).collect(), doubted: Vec::new(),
+                           events: Events::with_capacity(0), state: StateRows::new(t), changed: 0 };
+    for run in runs {
+        let run = run?;
+        out.doubted.extend(run.doubted);
+        out.changed += run.changed;
+        out.events.append(run.events);
+        out.state.append(run.state);
+    }
+    if out.state.columns_mut().iter().any(|o| o.overflowed())
+        || [&out.events.event_json, &out.events.key_json].iter().any(|o| o.overflowed()) {
+        return Err("a batch too large for 32-bit Arrow offsets".into());
+    }
+    Ok(out)
+}
+
+/// What one thread made of a contiguous run of partitions.
+struct Run {
+    doubted: Vec<usize>,
+    events: Events,
+    state: StateRows,
+    changed: usize,
+}
+
+/// The partitions `order` (publish order; the first is partition number `first` of the batch).
+fn process_run(em: &Emitter, stored: &Stored, by_key: &FastMap<&[u8], (i64, Vec<Rec>, bool)>, order: &[(&[u8], i64)],
+               first: usize, s: &Settings) -> Result<Run, String> {
+    let t = em.t;
+    let mut out = Run { doubted: Vec::new(), events: Events::with_capacity(order.len()), state: StateRows::new(t),
+                        changed: 0 };
     let mut events: Vec<Event> = Vec::new();
-    for (idx, (pk, token)) in order.into_iter().enumerate() {
-        out.keys.push((pk.to_vec(), token));
+    for (i, &(pk, token)) in order.iter().enumerate() {
+        let idx = first + i;
         let (_, recs, unknown) = &by_key[pk];
         if *unknown || !t.repr_ok {
             out.doubted.push(idx);
@@ -441,8 +473,8 @@ pub fn process_table(t: &mut Table, cell_log: &Col, stored: &Col, expiring: &[Ve
         let prior_state = stored.partition(t, pk)?;
         let prior = prior_state.as_ref();
         events.clear();
-        let mark = lengths(&out.state);
-        let done = process_partition(&em, pk, recs, prior, s, &mut events).and_then(|(state, changed)| {
+        let mark = lengths(&mut out.state);
+        let done = process_partition(em, pk, recs, prior, s, &mut events).and_then(|(state, changed)| {
             if changed {
                 out.state.change_rows(t, pk, token, prior, &state, s.now, s.batch_seq)?;
             }
@@ -460,10 +492,6 @@ pub fn process_table(t: &mut Table, cell_log: &Col, stored: &Col, expiring: &[Ve
                 out.doubted.push(idx);
             }
         }
-    }
-    if state_builders(&out.state).iter().any(|o| o.overflowed())
-        || [&out.events.event_json, &out.events.key_json].iter().any(|o| o.overflowed()) {
-        return Err("a batch too large for 32-bit Arrow offsets".into());
     }
     Ok(out)
 }
