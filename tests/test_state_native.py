@@ -131,7 +131,7 @@ def test_a_doubted_partition_is_done_by_the_python_engine_in_its_place():
     tb = native.process_table(odd, pa.Table.from_pylist(records, schema=CELL_LOG_SCHEMA),
                               pa.Table.from_pylist([], schema=STATE_SCHEMA), 100,
                               state_schema=merge_source_schema(odd))
-    assert tb.keys and sorted(tb.python) == list(range(len(tb.keys)))
+    assert len(tb.keys) and sorted(tb.python) == list(range(len(tb.keys)))
     assert tb.events.num_rows == 0 and tb.state_rows.num_rows == 0
     events, _, _ = table_outputs(odd, pa.Table.from_pylist(records, schema=CELL_LOG_SCHEMA),
                                  _stored_rows(odd, {}, ()), 100)

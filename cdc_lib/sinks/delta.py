@@ -964,8 +964,7 @@ def table_outputs(table, cell_log: pa.Table, stored: pa.Table, now: int, *, prev
     part = events.column("partition").to_numpy()
     pos = np.arange(len(part))
     first = np.maximum.accumulate(np.where(np.r_[True, part[1:] != part[:-1]], pos, 0)) if len(part) else pos
-    keys = pa.array([k for k, _ in tb.keys], pa.binary())
-    tokens = pa.array([t for _, t in tb.keys], pa.int64())
+    keys, tokens = tb.keys, tb.tokens
     at = pa.array(part, pa.int32())
     events = (events.append_column("token", pc.take(tokens, at)).append_column("partition_key", pc.take(keys, at))
               .append_column("idx", pa.array(pos - first, pa.int64())))

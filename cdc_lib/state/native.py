@@ -33,6 +33,9 @@ from .batch import partition_order, process_partition
 from .reconcile import STATE_SCHEMA, partition_from_records
 
 EVENT_COLUMNS = ("event_id", "op", "key_json", "event_json")
+# a table's events as the compiled engine gives them: the partition's index in publish order, then the outbox's
+EVENTS_SCHEMA = pa.schema([("partition", pa.int32()), *((n, pa.string()) for n in EVENT_COLUMNS),
+                           ("ts_us", pa.int64())])
 
 
 class NotCompiled(CdcError):
@@ -76,7 +79,8 @@ def enabled() -> bool:
 @dataclass
 class TableBatch:
     """One table's batch from the compiled engine, with the partitions it left to the Python engine."""
-    keys: list                      # [(partition key, token)] in publish order
+    keys: pa.Array                  # the partition keys in publish order (binary)
+    tokens: pa.Array                # their tokens (int64)
     events: pa.Table                # partition (index into keys), event_id, op, key_json, event_json, ts_us
     state_rows: Optional[pa.Table]  # MERGE source rows of the changed partitions the compiled engine did
     changed: int                    # partitions written back (both engines)
@@ -124,19 +128,26 @@ def process_table(table, cell_log, stored: pa.Table, now: int, *, state_schema: 
                                     threads or default_threads())
     except ValueError as e:
         raise NotCompiled(f"{table.qualified_name}: {e}") from e
-    keys = out["keys"]
-    n_events = len(out["event_partition"]) // 4
-    events = pa.table({
-        "partition": pa.Array.from_buffers(pa.int32(), n_events, [None, pa.py_buffer(out["event_partition"])]),
-        **{name: _array(out[name], pa.string()) for name in EVENT_COLUMNS},
-        "ts_us": pa.Array.from_buffers(pa.int64(), n_events, [None, pa.py_buffer(out["event_ts_us"])]),
-    })
-    state_rows = pa.Table.from_arrays([_array(spec, f.type) for spec, f in zip(out["state"], state_schema)],
-                                      schema=state_schema)
-    result = TableBatch(keys, events, state_rows, out["changed"])
-    if out["doubted"]:
-        result.python = _python_partitions(table, log, st, [keys[i] for i in out["doubted"]], out["doubted"], now,
-                                           prev_now, cluster)
+    keys = _array(out["keys"], pa.binary())
+    tokens = pa.Array.from_buffers(pa.int64(), len(keys), [None, pa.py_buffer(out["tokens"])])
+    events, states, doubted, changed = [], [], [], 0
+    for run in out["runs"]:        # one per thread: Arrow chunks of the batch, joined without a copy
+        n = len(run["event_partition"]) // 4
+        events.append(pa.record_batch({
+            "partition": pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(run["event_partition"])]),
+            **{name: _array(run[name], pa.string()) for name in EVENT_COLUMNS},
+            "ts_us": pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(run["event_ts_us"])]),
+        }, schema=EVENTS_SCHEMA))
+        states.append(pa.RecordBatch.from_arrays([_array(spec, f.type) for spec, f in zip(run["state"], state_schema)],
+                                                 schema=state_schema))
+        doubted += run["doubted"]
+        changed += run["changed"]
+    result = TableBatch(keys, tokens, pa.Table.from_batches(events, schema=EVENTS_SCHEMA),
+                        pa.Table.from_batches(states, schema=state_schema), changed)
+    if doubted:
+        result.python = _python_partitions(table, log, st, list(zip(keys.take(doubted).to_pylist(),
+                                                                    tokens.take(doubted).to_pylist())),
+                                           doubted, now, prev_now, cluster)
         result.changed += sum(1 for r in result.python.values() if r.changed)
     return result
 
@@ -150,9 +161,8 @@ def python_table(table, cell_log, stored: pa.Table, now: int, *, prev_now: Optio
     for pk in expiring:
         tokens.setdefault(pk, murmur3_token(pk))
     keys = sorted(tokens.items(), key=lambda kv: partition_order(kv[1], kv[0]))
-    empty = pa.table({"partition": pa.array([], pa.int32()), **{n: pa.array([], pa.string()) for n in EVENT_COLUMNS},
-                      "ts_us": pa.array([], pa.int64())})
-    result = TableBatch(keys, empty, None, 0)
+    result = TableBatch(pa.array([k for k, _ in keys], pa.binary()), pa.array([t for _, t in keys], pa.int64()),
+                        EVENTS_SCHEMA.empty_table(), None, 0)
     result.python = _python_partitions(table, log, st, keys, list(range(len(keys))), now, prev_now, cluster)
     result.changed = sum(1 for r in result.python.values() if r.changed)
     return result

@@ -38,12 +38,6 @@ impl Bits {
     pub fn set(&mut self, i: usize) {
         self.bytes[i / 8] |= 1 << (i % 8);
     }
-    /// Append every bit of `o`.
-    pub fn append(&mut self, o: &Bits) {
-        for i in 0..o.len {
-            self.push(o.bytes[i / 8] >> (i % 8) & 1 == 1);
-        }
-    }
     pub fn count_zeros(&self) -> usize {
         let ones: usize = self.bytes.iter().map(|b| b.count_ones() as usize).sum();
         self.len - ones

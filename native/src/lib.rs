@@ -537,25 +537,36 @@ fn process_table<'py>(py: Python<'py>, table_desc: &Bound<'py, PyAny>, cell_log:
     let out = py.detach(|| state::driver::process_table(&mut table, log_col, st_col, &expiring, &settings))
         .map_err(PyValueError::new_err)?;
     let d = PyDict::new(py);
-    let keys = PyList::empty(py);
-    for (k, tok) in &out.keys {
-        keys.append((PyBytes::new(py, k), *tok))?;
+    // the partitions in publish order, as Arrow buffers: (binary keys, their int64 tokens)
+    let mut keys = Out::var_with_capacity(out.keys.len(), out.keys.iter().map(|(k, _)| k.len()).sum());
+    let mut tokens = Vec::with_capacity(out.keys.len());
+    for (k, tok) in out.keys {
+        keys.bytes(&k);
+        tokens.push(tok);
     }
-    d.set_item("keys", keys)?;
-    d.set_item("doubted", out.doubted)?;
-    d.set_item("changed", out.changed)?;
-    d.set_item("state_rows", out.state.n)?;
-    let ev = out.events;
-    d.set_item("event_partition", buf(py, BufData::I32(ev.partition))?)?;
-    d.set_item("event_ts_us", buf(py, BufData::I64(ev.ts_us))?)?;
-    for (name, o) in [("event_id", ev.event_id), ("op", ev.op), ("key_json", ev.key_json), ("event_json", ev.event_json)] {
-        d.set_item(name, out_spec(py, o)?)?;
+    d.set_item("keys", out_spec(py, keys)?)?;
+    d.set_item("tokens", buf(py, BufData::I64(tokens))?)?;
+    // one entry per thread's run: {doubted, changed, event_partition, event_ts_us, event columns, state columns}
+    let runs = PyList::empty(py);
+    for run in out.runs {
+        let r = PyDict::new(py);
+        r.set_item("doubted", run.doubted)?;
+        r.set_item("changed", run.changed)?;
+        let ev = run.events;
+        r.set_item("event_partition", buf(py, BufData::I32(ev.partition))?)?;
+        r.set_item("event_ts_us", buf(py, BufData::I64(ev.ts_us))?)?;
+        for (name, o) in [("event_id", ev.event_id), ("op", ev.op), ("key_json", ev.key_json),
+                          ("event_json", ev.event_json)] {
+            r.set_item(name, out_spec(py, o)?)?;
+        }
+        let cols = PyList::empty(py);
+        for o in run.state.columns() {
+            cols.append(out_spec(py, o)?)?;
+        }
+        r.set_item("state", cols)?;
+        runs.append(r)?;
     }
-    let cols = PyList::empty(py);
-    for o in out.state.columns() {
-        cols.append(out_spec(py, o)?)?;
-    }
-    d.set_item("state", cols)?;
+    d.set_item("runs", runs)?;
     Ok(d)
 }
 

@@ -3,76 +3,14 @@
 //! changed partitions and the events out. A partition the engine is not sure of (`Doubt`) appends nothing and
 //! is named in `doubted`: the Python engine processes it, and the caller puts its events at its place.
 
-use std::collections::{BTreeMap, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::BTreeMap;
 
 use super::arrow_in::Col;
 use super::engine::{self, Cell, Complex, EventCtx, Emitter, Event, Kind, PartitionState, Rec, RowState};
 use super::out::{Out, StateRows};
-use super::table::Table;
+use super::table::{FastMap, Table};
 use super::types::D;
 
-/// FxHash (rustc's multiply-rotate hash) with a finalizer: several times faster than SipHash on the short keys
-/// here. The keys come from the batch itself, so there is no adversary to defend against.
-#[derive(Default)]
-struct FxHasher(u64);
-
-impl Hasher for FxHasher {
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            self.add(u64::from_le_bytes(c.try_into().unwrap()));
-        }
-        let rest = chunks.remainder();
-        if !rest.is_empty() {
-            let mut b = [0u8; 8];
-            b[..rest.len()].copy_from_slice(rest);
-            self.add(u64::from_le_bytes(b));
-        }
-    }
-
-    #[inline]
-    fn write_u8(&mut self, i: u8) {
-        self.add(i as u64);
-    }
-
-    #[inline]
-    fn write_u32(&mut self, i: u32) {
-        self.add(i as u64);
-    }
-
-    #[inline]
-    fn write_u64(&mut self, i: u64) {
-        self.add(i);
-    }
-
-    #[inline]
-    fn write_usize(&mut self, i: usize) {
-        self.add(i as u64);
-    }
-
-    /// Mixed down (murmur3's fmix64): a product's low bits depend only on the input's low bits, and big-endian
-    /// keys differ in their high bytes, which would put them all in a few buckets.
-    #[inline]
-    fn finish(&self) -> u64 {
-        let mut h = self.0;
-        h ^= h >> 33;
-        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-        h ^= h >> 33;
-        h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-        h ^ (h >> 33)
-    }
-}
-
-impl FxHasher {
-    #[inline]
-    fn add(&mut self, x: u64) {
-        self.0 = (self.0.rotate_left(5) ^ x).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-}
-
-type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 
 /// The events of the partitions the engine processed, in publish order (`partition` indexes `Batch::keys`).
 pub struct Events {
@@ -92,15 +30,6 @@ impl Events {
                  event_json: Out::var_with_capacity(n, 1024 * n), ts_us: Vec::with_capacity(n) }
     }
 
-    fn append(&mut self, other: Events) {
-        self.partition.extend(other.partition);
-        self.event_id.append(other.event_id);
-        self.op.append(other.op);
-        self.key_json.append(other.key_json);
-        self.event_json.append(other.event_json);
-        self.ts_us.extend(other.ts_us);
-    }
-
     fn push(&mut self, partition: usize, e: &Event) {
         self.partition.push(partition as i32);
         self.event_id.bytes(e.event_id.as_bytes());
@@ -114,12 +43,8 @@ impl Events {
 pub struct Output {
     /// every partition of the batch, in publish order: (partition key, token)
     pub keys: Vec<(Vec<u8>, i64)>,
-    /// indexes into `keys` of the partitions left to the Python engine
-    pub doubted: Vec<usize>,
-    pub events: Events,
-    pub state: StateRows,
-    /// partitions whose state rows were written
-    pub changed: usize,
+    /// the threads' outputs, in publish order
+    pub runs: Vec<Run>,
 }
 
 /// The settings of one batch (`process_partition`'s arguments).
@@ -151,6 +76,27 @@ struct Identity<'a> {
     ldt: i64,
     mid: Option<&'a [u8]>,
 }
+
+/// A record of the cell log, hashed and compared by its identity: a map entry is a reference and an index, not
+/// the identity's fields (two million records make a map of hundreds of megabytes otherwise).
+struct ByIdentity<'l, 'a> {
+    log: &'l CellLog<'a>,
+    i: usize,
+}
+
+impl std::hash::Hash for ByIdentity<'_, '_> {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.log.identity(self.i).hash(h)
+    }
+}
+
+impl PartialEq for ByIdentity<'_, '_> {
+    fn eq(&self, o: &Self) -> bool {
+        self.log.identity(self.i) == o.log.identity(o.i)
+    }
+}
+
+impl Eq for ByIdentity<'_, '_> {}
 
 struct CellLog<'a> {
     segment: &'a Col,
@@ -203,14 +149,23 @@ impl<'a> CellLog<'a> {
         }
     }
 
+    /// Make every column name the records hold known to `t` (before the engine's threads share it).
+    fn intern(&self, t: &mut Table) {
+        for i in 0..self.column.len {
+            if let Some(c) = self.column.opt_bytes(i) {
+                t.col(c);
+            }
+        }
+    }
+
     /// `dedupe_records`' order among copies: the smallest wins.
     fn source_key(&self, i: usize) -> (i64, i64, &'a [u8], i32, i32) {
         (self.segment_id.i64(i), self.position.i64(i), self.segment.bytes(i), self.entry_index.i32(i), self.seq.i32(i))
     }
 
-    /// The record as the engine applies it; None for a kind it does not know (the Python engine says what is
-    /// wrong with it).
-    fn rec(&self, t: &mut Table, i: usize) -> Option<Rec<'a>> {
+    /// The record as the engine applies it (its column name known to `t`: `intern`); None for a kind it does not
+    /// know (the Python engine says what is wrong with it).
+    fn rec(&self, t: &Table, i: usize) -> Option<Rec<'a>> {
         Some(Rec {
             segment: self.segment.bytes(i),
             segment_id: self.segment_id.i64(i),
@@ -221,7 +176,10 @@ impl<'a> CellLog<'a> {
             start_incl: self.start_incl.opt_bool(i).unwrap_or(false),
             end_incl: self.end_incl.opt_bool(i).unwrap_or(false),
             is_static: self.is_static.bool(i),
-            column: self.column.opt_bytes(i).map(|c| t.col(c)),
+            column: match self.column.opt_bytes(i) {
+                Some(c) => Some(t.lookup(c)?),
+                None => None,
+            },
             path: self.path.opt_bytes(i),
             value: self.value.opt_bytes(i),
             ts: self.ts.i64(i),
@@ -383,10 +341,10 @@ pub fn process_table(t: &mut Table, cell_log: &Col, stored: &Col, expiring: &[Ve
                      -> Result<Output, String> {
     let log = CellLog::new(cell_log)?;
     // replica copies: one record per identity, the smallest source; kept in first-seen order
-    let mut first: FastMap<Identity, usize> = FastMap::with_capacity_and_hasher(cell_log.len, Default::default());
+    let mut first: FastMap<ByIdentity, usize> = FastMap::with_capacity_and_hasher(cell_log.len, Default::default());
     let mut kept: Vec<usize> = Vec::with_capacity(cell_log.len);
     for i in 0..cell_log.len {
-        match first.entry(log.identity(i)) {
+        match first.entry(ByIdentity { log: &log, i }) {
             std::collections::hash_map::Entry::Vacant(v) => {
                 v.insert(kept.len());
                 kept.push(i);
@@ -400,19 +358,14 @@ pub fn process_table(t: &mut Table, cell_log: &Col, stored: &Col, expiring: &[Ve
         }
     }
     drop(first);
-    // partitions: records in first-seen order; a record of unknown kind sends its partition to Python
-    let mut by_key: FastMap<&[u8], (i64, Vec<Rec>, bool)> = FastMap::default();
+    // partitions: their records (indexes, in first-seen order), built into `Rec`s by the thread that runs them
+    log.intern(t);
+    let mut by_key: FastMap<&[u8], (i64, Vec<usize>)> = FastMap::default();
     for &i in &kept {
-        let pk = log.pk.bytes(i);
-        let rec = log.rec(t, i);
-        let entry = by_key.entry(pk).or_insert_with(|| (log.token.i64(i), Vec::new(), false));
-        match rec {
-            Some(r) => entry.1.push(r),
-            None => entry.2 = true,
-        }
+        by_key.entry(log.pk.bytes(i)).or_insert_with(|| (log.token.i64(i), Vec::new())).1.push(i);
     }
     for pk in expiring {
-        by_key.entry(pk.as_slice()).or_insert_with(|| (crate::murmur3::token(pk), Vec::new(), false));
+        by_key.entry(pk.as_slice()).or_insert_with(|| (crate::murmur3::token(pk), Vec::new()));
     }
     let mut order: Vec<(&[u8], i64)> = by_key.iter().map(|(k, v)| (*k, v.0)).collect();
     order.sort_by(|a, b| (a.1, a.0).cmp(&(b.1, b.0)));
@@ -426,47 +379,56 @@ pub fn process_table(t: &mut Table, cell_log: &Col, stored: &Col, expiring: &[Ve
     let runs: Vec<Result<Run, String>> = std::thread::scope(|scope| {
         let handles: Vec<_> = order.chunks(per).enumerate()
             .map(|(i, part)| {
-                let (em, stored, by_key) = (&em, &stored, &by_key);
-                scope.spawn(move || process_run(em, stored, by_key, part, i * per, s))
+                let (em, stored, by_key, log) = (&em, &stored, &by_key, &log);
+                scope.spawn(move || process_run(em, stored, log, by_key, part, i * per, s))
             })
             .collect();
         handles.into_iter().map(|h| h.join().expect("a state engine thread panicked")).collect()
     });
-    let mut out = Output { keys: order.iter().map(|(k, tok)| (k.to_vec(), *tok)).collect(), doubted: Vec::new(),
-                           events: Events::with_capacity(0), state: StateRows::new(t), changed: 0 };
-    for run in runs {
-        let run = run?;
-        out.doubted.extend(run.doubted);
-        out.changed += run.changed;
-        out.events.append(run.events);
-        out.state.append(run.state);
-    }
-    if out.state.columns_mut().iter().any(|o| o.overflowed())
-        || [&out.events.event_json, &out.events.key_json].iter().any(|o| o.overflowed()) {
+    let mut runs = runs.into_iter().collect::<Result<Vec<Run>, String>>()?;
+    if runs.iter_mut().any(|r| r.overflowed()) {
         return Err("a batch too large for 32-bit Arrow offsets".into());
     }
-    Ok(out)
+    Ok(Output { keys: order.iter().map(|(k, tok)| (k.to_vec(), *tok)).collect(), runs })
 }
 
-/// What one thread made of a contiguous run of partitions.
-struct Run {
-    doubted: Vec<usize>,
-    events: Events,
-    state: StateRows,
-    changed: usize,
+/// What one thread made of a contiguous run of partitions: its outputs are one chunk of the batch's (Python
+/// joins them as Arrow chunks, without a copy).
+pub struct Run {
+    /// indexes into `Output::keys` of the partitions left to the Python engine
+    pub doubted: Vec<usize>,
+    pub events: Events,
+    pub state: StateRows,
+    /// partitions whose state rows were written
+    pub changed: usize,
+}
+
+impl Run {
+    fn overflowed(&mut self) -> bool {
+        self.state.columns_mut().iter().any(|o| o.overflowed())
+            || [&self.events.event_json, &self.events.key_json].iter().any(|o| o.overflowed())
+    }
 }
 
 /// The partitions `order` (publish order; the first is partition number `first` of the batch).
-fn process_run(em: &Emitter, stored: &Stored, by_key: &FastMap<&[u8], (i64, Vec<Rec>, bool)>, order: &[(&[u8], i64)],
-               first: usize, s: &Settings) -> Result<Run, String> {
+fn process_run(em: &Emitter, stored: &Stored, log: &CellLog, by_key: &FastMap<&[u8], (i64, Vec<usize>)>,
+               order: &[(&[u8], i64)], first: usize, s: &Settings) -> Result<Run, String> {
     let t = em.t;
     let mut out = Run { doubted: Vec::new(), events: Events::with_capacity(order.len()), state: StateRows::new(t),
                         changed: 0 };
     let mut events: Vec<Event> = Vec::new();
+    let mut recs: Vec<Rec> = Vec::new();
     for (i, &(pk, token)) in order.iter().enumerate() {
         let idx = first + i;
-        let (_, recs, unknown) = &by_key[pk];
-        if *unknown || !t.repr_ok {
+        recs.clear();
+        let mut unknown = false;
+        for &j in &by_key[pk].1 {
+            match log.rec(t, j) {
+                Some(r) => recs.push(r),
+                None => unknown = true,
+            }
+        }
+        if unknown || !t.repr_ok {
             out.doubted.push(idx);
             continue;
         }
@@ -474,7 +436,7 @@ fn process_run(em: &Emitter, stored: &Stored, by_key: &FastMap<&[u8], (i64, Vec<
         let prior = prior_state.as_ref();
         events.clear();
         let mark = lengths(&mut out.state);
-        let done = process_partition(em, pk, recs, prior, s, &mut events).and_then(|(state, changed)| {
+        let done = process_partition(em, pk, &recs, prior, s, &mut events).and_then(|(state, changed)| {
             if changed {
                 out.state.change_rows(t, pk, token, prior, &state, s.now, s.batch_seq)?;
             }

@@ -236,62 +236,6 @@ impl Out {
         }
     }
 
-    /// Append the entries of `other`, a builder of the same type (one engine thread's output after another's).
-    /// Offsets past 32 bits wrap here and are caught by `overflowed`, which looks at the data's length.
-    pub fn append(&mut self, other: Out) {
-        fn shifted(offsets: &mut Vec<i32>, more: &[i32]) {
-            let base = *offsets.last().unwrap();
-            offsets.extend(more[1..].iter().map(|x| x.wrapping_add(base)));
-        }
-        match (self, other) {
-            (Out::Var { offsets, data, valid }, Out::Var { offsets: o2, data: d2, valid: v2 }) => {
-                shifted(offsets, &o2);
-                data.extend_from_slice(&d2);
-                valid.append(&v2);
-            }
-            (Out::I8 { v, valid }, Out::I8 { v: v2, valid: w2 }) => {
-                v.extend(v2);
-                valid.append(&w2);
-            }
-            (Out::I16 { v, valid }, Out::I16 { v: v2, valid: w2 }) => {
-                v.extend(v2);
-                valid.append(&w2);
-            }
-            (Out::I32 { v, valid }, Out::I32 { v: v2, valid: w2 }) => {
-                v.extend(v2);
-                valid.append(&w2);
-            }
-            (Out::I64 { v, valid }, Out::I64 { v: v2, valid: w2 }) => {
-                v.extend(v2);
-                valid.append(&w2);
-            }
-            (Out::F32 { v, valid }, Out::F32 { v: v2, valid: w2 }) => {
-                v.extend(v2);
-                valid.append(&w2);
-            }
-            (Out::F64 { v, valid }, Out::F64 { v: v2, valid: w2 }) => {
-                v.extend(v2);
-                valid.append(&w2);
-            }
-            (Out::Bool { v, valid }, Out::Bool { v: v2, valid: w2 }) => {
-                v.append(&v2);
-                valid.append(&w2);
-            }
-            (Out::List { offsets, valid, child }, Out::List { offsets: o2, valid: v2, child: c2 }) => {
-                shifted(offsets, &o2);
-                valid.append(&v2);
-                child.append(*c2);
-            }
-            (Out::Struct { valid, children }, Out::Struct { valid: v2, children: c2 }) => {
-                valid.append(&v2);
-                for (a, b) in children.iter_mut().zip(c2) {
-                    a.append(b);
-                }
-            }
-            _ => unreachable!("append() of a builder of another type"),
-        }
-    }
-
     /// Whether a 32-bit offset overflowed (the caller then hands the table to the Python engine).
     pub fn overflowed(&self) -> bool {
         match self {
@@ -635,14 +579,6 @@ impl StateRows {
             updated_batch: i64b(),
             oldest_deletion: i64b(),
             delete: boolb(),
-        }
-    }
-
-    /// Append another thread's rows (built by `new` for the same table).
-    pub fn append(&mut self, other: StateRows) {
-        self.n += other.n;
-        for (a, b) in self.columns_mut().into_iter().zip(other.columns()) {
-            a.append(b);
         }
     }
 
