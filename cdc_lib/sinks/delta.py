@@ -83,9 +83,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cdc_lib.celllog.schema import CELL_LOG_SCHEMA
 from cdc_lib.cql.tokens import token as murmur3_token
 from cdc_lib.cql.types import EMPTY
-from cdc_lib.celllog.schema import CELL_LOG_SCHEMA
 from cdc_lib.errors import CdcError, SchemaError, UnknownTableError
 from cdc_lib.gcpause import gc_paused
 from cdc_lib.state import native as native_state
