@@ -97,6 +97,7 @@ def state_chunk(table, ids: np.ndarray, ts: int) -> pa.Table:
         "_cdc_cells": cells, "_cdc_complex_deletions": empty_list("_cdc_complex_deletions"),
         "_cdc_range_tombstones": empty_list("_cdc_range_tombstones"), "_cdc_token": tokens,
         "_cdc_live": pa.array(np.ones(n, bool)), "_cdc_updated_batch": pa.array(np.zeros(n, np.int64)),
+        "_cdc_oldest_deletion": pa.array(np.full(n, NO_DELETION_TIME, np.int64)),   # no deletion in these rows
     }
     arrays = [cols[f.name] if f.name in cols else pa.nulls(n, f.type) for f in schema]
     return pa.Table.from_arrays(arrays, schema=schema).sort_by("_cdc_token")
