@@ -615,11 +615,39 @@ def test_types_are_immutable_hashable_and_equal_by_structure():
     ("frozen<map<int, int>>", b"\x7f\xff\xff\xff\x00\x00\x00\x04"),
     ("frozen<tuple<int, int>>", b"\x00\x00\x00\x04\x00\x00\x00\x01\x00\x00"),
     ("frozen<tuple<int>>", b"\x00\x00\x00\x04\x00\x00\x00\x01\x00"),
+    ("frozen<tuple<int>>", b"\x00\x00\x00\x04\x00\x00\x00\x01\xff\xff\xff\xff"),     # a second field
     ("frozen<set<int>>", b"\x00\x00\x00\x01\x00\x00\x00\x03\x00\x00\x01"),
 ])
 def test_bad_bytes_raise_cql_value_error(type_text, data):
     with pytest.raises(CqlValueError):
         parse_type(type_text).decode(data)
+
+
+def test_length_prefixed_values_read_nulls_and_stop_where_told():
+    data = struct.pack(">i", 2) + b"ab" + struct.pack(">ii", -1, 0) + b"tail"
+    assert ct.read_length_prefixed(data, 0, 3) == ([b"ab", None, b""], 14)
+    assert ct.read_length_prefixed(data[:14]) == ([b"ab", None, b""], 14)      # no count: up to the end
+    assert ct.read_length_prefixed(data, 6, 1) == ([None], 10)
+
+
+@pytest.mark.parametrize("data, message, position", [
+    (struct.pack(">i", 1) + b"a" + b"\x00\x00", "truncated element: element 1 at byte 5", 5),        # a cut length
+    (struct.pack(">i", 1) + b"a" + struct.pack(">i", 3) + b"x",                                # a cut value
+     "truncated element: element 1 needs 3 bytes at byte 9", 9),
+    (struct.pack(">i", -2), "element 0 has negative length -2 at byte 0", 0),                    # only -1 is null
+])
+def test_length_prefixed_values_cut_short_name_the_value_and_byte(data, message, position):
+    """Never a value sliced short: the error names which value and where, after the caller's context."""
+    with pytest.raises(CqlValueError) as e:
+        ct.read_length_prefixed(data, 0, 2, "element")
+    assert e.value.reason == message and e.value.position == position
+    with pytest.raises(CqlValueError) as e:
+        ct.read_length_prefixed(data, 0, 2, "element", "ks.t.tags")
+    assert e.value.reason == "ks.t.tags: " + message and e.value.position == position
+    with pytest.raises(CqlValueError) as e:
+        parse_type("frozen<list<blob>>").decode(struct.pack(">i", 2) + data)
+    assert e.value.reason == "frozen<list<blob>>: " + message.replace(f"byte {position}", f"byte {position + 4}")
+    assert e.value.position == position + 4
 
 
 @PROPERTY

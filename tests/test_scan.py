@@ -219,6 +219,9 @@ def test_a_damaged_value_names_the_table_column_and_row(schema):
     cut = _row(8, 1, u=udt(b"main")[:-1], u_t=(coll(i64(1)), coll(None)))      # a field's bytes cut short
     with pytest.raises(ScanError, match=r"ks.t.u \(row 0 of cql:r/ks.t/0\): truncated UDT field: UDT field 0 needs 4"):
         _records(scan, [cut])
+    negative = _row(8, 1, st=i32(1) + i32(-2), st_t=(coll(i64(1)), coll(None)))   # only -1 is a null
+    with pytest.raises(ScanError, match=r"ks.t.st \(row 0 of cql:r/ks.t/0\): collection 0 has negative length -2"):
+        _records(scan, [negative])
 
 
 def test_scanned_rows_merge_into_read_events_of_the_rows_select_shows(schema):

@@ -270,6 +270,21 @@ def test_partial_definition_is_reported_not_invented():
     assert [(c.kind, c.name) for c in changes] == [("table_created", "other")]
 
 
+def test_a_damaged_collection_value_is_reported_and_the_log_goes_on(caplog):
+    tracker = SchemaTracker()
+    names = _enc("types", "field_names", ["street", "zip"])[:-1]          # the last name's bytes cut short
+    row = Row(_clustering("types", ("address",)), liveness=LivenessInfo(3000),
+              cells=[Cell("field_names", names, 3000),
+                     Cell("field_types", _enc("types", "field_types", ["text", "int"]), 3000)])
+    with caplog.at_level("WARNING", logger="cdc_lib.commitlog.schema_from_log"):
+        tracker.observe(Mutation([supdate("types", KS, [row])]))
+    assert "undecodable system_schema.types value for keyspace shop: @ 18: frozen<list<text>>: truncated element: " \
+        "element 1 needs 3 bytes at byte 18" in caplog.text
+    changes = feed(tracker, create_table(KS, "other", uuid.UUID(int=9),
+                                         [("k", "partition_key", 0, "int", "none")], 2500))
+    assert ("table_created", "other") in [(c.kind, c.name) for c in changes]
+
+
 def test_data_decodes_only_once_its_schema_is_known():
     tracker = SchemaTracker()
     cols = [("k", "partition_key", 0, "int", "none"), ("c", "clustering", 0, "text", "none"),

@@ -13,6 +13,7 @@ from cdc_lib.celllog.schema import encode_clustering
 from cdc_lib.commitlog.model import NO_DELETION_TIME
 from cdc_lib.cql import types as cqltypes
 from cdc_lib.cql.schema import CLUSTERING, PARTITION_KEY, REGULAR, STATIC, ColumnMetadata, DroppedColumn, TableMetadata
+from cdc_lib.errors import CqlValueError
 from cdc_lib.state.reconcile import (STATE_SCHEMA, STATIC_KEY, PartitionState, StateError, apply_record, compare_values,
                                      counter_context_total, merge_counter_contexts, partition_from_records,
                                      partition_to_records, reconcile_cells, visible_row, visible_rows)
@@ -358,6 +359,16 @@ def test_compare_values_follows_cassandra_comparators():
         [(None, "z"), (1, "a"), (1, "b")]
     # TupleType.compareCustom: a null component sorts before any value, the empty one included
     assert _sorted_by_compare(T("frozen<tuple<int, text>>"), [(1, ""), (1, None)]) == [(1, None), (1, "")]
+
+
+def test_compare_values_refuses_collections_whose_bytes_do_not_frame():
+    """Values reach comparisons validated; bytes that still do not frame are an error naming the type, never
+    an element sliced short and compared as if it were whole."""
+    t = T("frozen<list<text>>")
+    cut = t.encode(["ab", "cd"])[:-1]
+    with pytest.raises(CqlValueError) as e:
+        compare_values(t, cut, t.encode(["ab", "ce"]))
+    assert e.value.reason == "frozen<list<text>>: truncated element: element 1 needs 2 bytes at byte 14"
 
 
 @pytest.mark.parametrize("cql", ["int", "bigint", "smallint", "tinyint", "varint", "decimal", "text", "blob",

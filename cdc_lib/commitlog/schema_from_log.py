@@ -25,6 +25,8 @@ from cdc_lib.cql.schema import Schema, TableMetadata
 from cdc_lib.cql.system_schema import (COLUMNS, DROPPED_COLUMNS, SCHEMA_KEYSPACE, SYSTEM_SCHEMA_DEFINITIONS, TABLES,
                                        TYPES, VIEWS, KeyspaceRows, build_keyspace, keyspace_rows_from_schema,
                                        system_schema_table_name, udt_field_names, with_system_schema)
+from cdc_lib.cql.types import read_length_prefixed
+from cdc_lib.errors import CqlValueError
 
 from .model import NO_TIMESTAMP, BoundKind, Mutation, PartitionUpdate, RangeTombstoneMarker, Row
 
@@ -63,26 +65,12 @@ class SchemaChange:
 # as int milliseconds), which is what build_keyspace reads.
 # ----------------------------------------------------------------------------------------------------------
 
-def _collection_items(b: bytes, n_parts: int):
+def _collection_items(type_text: str, b: bytes, n_parts: int):
     (count,) = struct.unpack_from(">i", b, 0)
-    pos = 4
-    items = []
-    for _ in range(count):
-        parts = []
-        for _ in range(n_parts):
-            (size,) = struct.unpack_from(">i", b, pos)
-            pos += 4
-            if size < 0:
-                parts.append(None)
-            else:
-                if pos + size > len(b):
-                    raise ValueError("collection element runs past the value")
-                parts.append(b[pos:pos + size])
-                pos += size
-        items.append(parts)
+    flat, pos = read_length_prefixed(b, 4, count * n_parts, "element", type_text)
     if pos != len(b):
         raise ValueError("trailing bytes after collection")
-    return items
+    return [flat[i:i + n_parts] for i in range(0, len(flat), n_parts)]
 
 
 def _text(b):
@@ -108,15 +96,15 @@ def decode_schema_value(type_text: str, b: bytes):
     if type_text == "uuid":
         return uuid.UUID(bytes=bytes(b))
     if type_text == "frozen<set<text>>":
-        return frozenset(_text(p[0]) for p in _collection_items(b, 1))
+        return frozenset(_text(p[0]) for p in _collection_items(type_text, b, 1))
     if type_text == "frozen<list<text>>":
-        return tuple(_text(p[0]) for p in _collection_items(b, 1))
+        return tuple(_text(p[0]) for p in _collection_items(type_text, b, 1))
     if type_text == "frozen<list<boolean>>":
-        return tuple(None if not p[0] else p[0][0] != 0 for p in _collection_items(b, 1))
+        return tuple(None if not p[0] else p[0][0] != 0 for p in _collection_items(type_text, b, 1))
     if type_text == "frozen<map<text, text>>":
-        return {_text(k): _text(v) for k, v in _collection_items(b, 2)}
+        return {_text(k): _text(v) for k, v in _collection_items(type_text, b, 2)}
     if type_text == "frozen<map<text, blob>>":
-        return {_text(k): v for k, v in _collection_items(b, 2)}
+        return {_text(k): v for k, v in _collection_items(type_text, b, 2)}
     raise ValueError(f"no system_schema codec for {type_text}")
 
 
@@ -376,7 +364,7 @@ class SchemaTracker:
                 state.seed(keyspace_rows_from_schema(self.schema, keyspace))
             try:
                 _apply_update(state.partitions[table], table, update)
-            except (ValueError, struct.error, UnicodeDecodeError) as e:
+            except (ValueError, struct.error, UnicodeDecodeError, CqlValueError) as e:
                 where = f" at {mutation.segment}@{mutation.position}" if mutation.segment else ""
                 log.warning("undecodable system_schema.%s value for keyspace %s%s: %s", table, keyspace, where, e)
                 touched.append(keyspace)

@@ -80,7 +80,7 @@ __all__ = [
     "EMPTY", "CqlType", "parse_type", "udt_type", "composite_decode", "composite_encode", "composite_split",
     "CqlDate", "CqlTime", "CqlTimestamp", "Duration", "CqlSet", "CqlMap", "CqlPairs", "UdtValue",
     "CounterValue", "CounterShard", "decode_counter_context", "encode_counter_context", "counter_total",
-    "NATIVE_TYPES", "MARSHAL_PACKAGE", "marshal_is_reversed",
+    "NATIVE_TYPES", "MARSHAL_PACKAGE", "marshal_is_reversed", "read_length_prefixed",
 ]
 
 MARSHAL_PACKAGE = "org.apache.cassandra.db.marshal."
@@ -483,21 +483,40 @@ def _read_i32_len(t, data, pos, what):
     return _I32.unpack_from(data, pos)[0], pos + 4
 
 
-def _read_elements(t, data: bytes, pos: int, count: int, what: str):
-    """``count`` i32-length-prefixed values from ``pos``; None for length -1."""
-    out = []
-    for i in range(count):
-        ln, pos = _read_i32_len(t, data, pos, f"{what} {i}")
-        if ln < 0:
-            if ln != -1:
-                raise _bad(t, f"{what} {i} has negative length {ln}", pos - 4)
-            out.append(None)
-            continue
-        if pos + ln > len(data):
-            raise _bad(t, f"truncated: {what} {i} needs {ln} bytes at {pos}, {len(data) - pos} left", pos)
-        out.append(data[pos:pos + ln])
-        pos += ln
+def read_length_prefixed(data: bytes, pos: int = 0, count: int | None = None, what: str = "value",
+                         context: object = None) -> tuple[list, int]:
+    """``count`` int32-length-prefixed values from byte ``pos`` of ``data`` (as many as the bytes hold when
+    ``count`` is None), and the position after them. Length -1 is a null (None).
+
+    The framing of collection elements, map keys and values, and tuple and UDT fields. Bytes that end inside a
+    length or a value, or a length below -1, raise ``CqlValueError`` naming ``what`` and its number with the
+    byte position, after the caller's ``context`` (a type, a column) when given.
+    """
+    out: list = []
+    end = len(data)
+    unpack = _I32.unpack_from
+    try:
+        while (len(out) < count) if count is not None else (pos < end):
+            ln = unpack(data, pos)[0]
+            pos += 4
+            if 0 <= ln <= end - pos:
+                out.append(data[pos:pos + ln])
+                pos += ln
+            elif ln == -1:
+                out.append(None)
+            elif ln < 0:
+                raise _framing_error(context, f"{what} {len(out)} has negative length {ln} at byte {pos - 4}",
+                                     pos - 4)
+            else:
+                raise _framing_error(context, f"truncated {what}: {what} {len(out)} needs {ln} bytes at byte {pos}",
+                                     pos)
+    except struct.error:     # fewer than 4 bytes left for a length; checked only then, this loop is hot
+        raise _framing_error(context, f"truncated {what}: {what} {len(out)} at byte {pos}", pos) from None
     return out, pos
+
+
+def _framing_error(context, message: str, position: int) -> CqlValueError:
+    return CqlValueError(message if context is None else f"{context}: {message}", position=position)
 
 
 def _frame(b: bytes | None) -> bytes:
@@ -1280,7 +1299,7 @@ class ListType(_Collection):
         return self if not self.multicell else ListType(self.subtypes[0], False)
 
     def _from_serialized(self, data, pos, count):
-        elems, pos = _read_elements(self, data, pos, count, "element")
+        elems, pos = read_length_prefixed(data, pos, count, "element", self.cql)
         self._check_end(data, pos)
         t = self.subtypes[0]
         return [self._decode_elem(t, b) for b in elems]
@@ -1297,7 +1316,7 @@ class ListType(_Collection):
         return [t.to_json(v) for v in value]
 
     def _sort_key(self, data):
-        elems, _ = _read_elements(self, data, 4, _I32.unpack_from(data, 0)[0], "element")
+        elems, _ = read_length_prefixed(data, 4, _I32.unpack_from(data, 0)[0], "element", self.cql)
         t = self.subtypes[0]
         return tuple((0,) if b is None else t.sort_key(b) for b in elems)
 
@@ -1350,7 +1369,7 @@ class SetType(_Collection):
         return self if not self.multicell else SetType(self.subtypes[0], False)
 
     def _from_serialized(self, data, pos, count):
-        elems, pos = _read_elements(self, data, pos, count, "element")
+        elems, pos = read_length_prefixed(data, pos, count, "element", self.cql)
         self._check_end(data, pos)
         t = self.subtypes[0]
         return CqlSet(self._decode_elem(t, b) for b in elems)
@@ -1427,7 +1446,7 @@ class MapType(_Collection):
     def _from_serialized(self, data, pos, count):
         if count > (len(data) - pos) // 8 + 1:
             raise _bad(self, f"truncated: {count} entries cannot fit in {len(data) - pos} bytes", 0)
-        elems, pos = _read_elements(self, data, pos, 2 * count, "key/value")
+        elems, pos = read_length_prefixed(data, pos, 2 * count, "key/value", self.cql)
         self._check_end(data, pos)
         kt, vt = self.subtypes
         return self._build((self._decode_elem(kt, elems[2 * i]), self._decode_elem(vt, elems[2 * i + 1]))
@@ -1469,7 +1488,7 @@ class MapType(_Collection):
 
     def _sort_key(self, data):
         count = _I32.unpack_from(data, 0)[0]
-        elems, _ = _read_elements(self, data, 4, 2 * count, "key/value")
+        elems, _ = read_length_prefixed(data, 4, 2 * count, "key/value", self.cql)
         kt, vt = self.subtypes
         return tuple(((0,) if elems[i] is None else (kt if i % 2 == 0 else vt).sort_key(elems[i]))
                      for i in range(len(elems)))
@@ -1513,24 +1532,11 @@ class TupleType(CqlType):
         return f"{MARSHAL_PACKAGE}TupleType(" + ",".join(s._marshal("frozen") for s in self.subtypes) + ")"
 
     def _split(self, data):
-        out = []
-        pos = 0
-        for i, t in enumerate(self.subtypes):
-            if pos == len(data):
-                break
-            ln, pos = _read_i32_len(self, data, pos, f"field {i}")
-            if ln < 0:
-                if ln != -1:
-                    raise _bad(self, f"field {i} has negative length {ln}", pos - 4)
-                out.append(None)
-                continue
-            if pos + ln > len(data):
-                raise _bad(self, f"truncated: field {i} needs {ln} bytes at {pos}, {len(data) - pos} left", pos)
-            out.append(data[pos:pos + ln])
-            pos += ln
-        if pos != len(data):
-            raise _bad(self, f"{len(data) - pos} bytes after the last field", pos)
-        return out
+        # Fields missing at the end are nulls (fields added to a UDT after the value was written).
+        fields, _ = read_length_prefixed(data, 0, None, "field", self.cql)
+        if len(fields) > len(self.subtypes):
+            raise _bad(self, f"{len(fields)} fields, the type has {len(self.subtypes)}")
+        return fields
 
     def _decode(self, data):
         raw = self._split(data)

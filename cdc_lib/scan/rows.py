@@ -51,7 +51,8 @@ from cdc_lib.celllog.schema import (CELL_LOG_SCHEMA, KIND_CELL, KIND_COMPLEX_DEL
 from cdc_lib.commitlog.model import NO_DELETION_TIME
 from cdc_lib.cql.schema import REGULAR, STATIC
 from cdc_lib.cql.tokens import token as murmur3_token
-from cdc_lib.errors import CdcError
+from cdc_lib.cql.types import read_length_prefixed
+from cdc_lib.errors import CdcError, CqlValueError
 
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
@@ -80,22 +81,11 @@ def _quote(name: str) -> str:
 
 
 def _length_prefixed(data: bytes, pos: int, count: Optional[int], what: str, kind: str) -> tuple[list, int]:
-    """``count`` i32-length-prefixed values from byte ``pos`` (as many as the bytes hold when ``count`` is None;
-    a negative length is a null), and the position after them."""
-    out: list = []
-    while (len(out) < count) if count is not None else (pos < len(data)):
-        if pos + 4 > len(data):
-            raise ScanError(f"{what}: truncated {kind}: {kind} {len(out)} at byte {pos}")
-        n = _I32.unpack_from(data, pos)[0]
-        pos += 4
-        if n < 0:
-            out.append(None)
-            continue
-        if pos + n > len(data):
-            raise ScanError(f"{what}: truncated {kind}: {kind} {len(out)} needs {n} bytes at byte {pos}")
-        out.append(data[pos:pos + n])
-        pos += n
-    return out, pos
+    """``read_length_prefixed`` of ``kind`` values, its error a ScanError naming the column and row (``what``)."""
+    try:
+        return read_length_prefixed(data, pos, count, kind, what)
+    except CqlValueError as e:
+        raise ScanError(e.reason) from None
 
 
 def _elements(data: bytes, pairs: bool, what: str) -> list:

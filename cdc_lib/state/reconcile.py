@@ -86,6 +86,7 @@ from cdc_lib.celllog.schema import (KIND_CELL, KIND_CELL_TOMBSTONE, KIND_COMPLEX
                                     KIND_RANGE_TOMBSTONE, KIND_ROW_DELETION, KIND_ROW_DELETION_SHADOWABLE,
                                     KIND_ROW_LIVENESS, decode_clustering)
 from cdc_lib.commitlog.model import EXPIRED_LIVENESS_TTL, NO_DELETION_TIME, NO_TIMESTAMP
+from cdc_lib.cql.types import read_length_prefixed
 from cdc_lib.errors import CdcError
 
 TS, TTL, LDT, TOMB, VALUE = range(5)
@@ -251,29 +252,16 @@ def _unsigned(b: bytes) -> int:
     return int.from_bytes(b, "big", signed=False)
 
 
-def _length_prefixed(data: bytes, pos: int, count: Optional[int]) -> list:
-    """``count`` int32-length-prefixed values from ``pos`` (up to the end when ``count`` is None); -1 is a null.
-    The values were validated when decoded: only comparisons read them here."""
-    out: list = []
-    while (len(out) < count) if count is not None else (pos < len(data)):
-        ln = struct.unpack_from(">i", data, pos)[0]
-        pos += 4
-        if ln < 0:
-            out.append(None)
-        else:
-            out.append(data[pos:pos + ln])
-            pos += ln
-    return out
+# The values of frozen collections, tuples and UDTs were validated when decoded (only comparisons read them
+# here): bytes that still do not frame raise CqlValueError naming the type ``t``, never a value sliced short.
+def _read_elements(t, data: bytes) -> list:
+    """Elements of a frozen list or set: int32 count, then each element."""
+    return read_length_prefixed(data, 4, struct.unpack_from(">i", data, 0)[0], "element", t)[0]
 
 
-def _read_elements(data: bytes) -> list:
-    """Elements of a frozen collection: int32 count, then each element."""
-    return _length_prefixed(data, 4, struct.unpack_from(">i", data, 0)[0])
-
-
-def _read_fields(data: bytes) -> list:
+def _read_fields(t, data: bytes) -> list:
     """Components of a tuple or UDT value, up to the end."""
-    return _length_prefixed(data, 0, None)
+    return read_length_prefixed(data, 0, None, "field", t)[0]
 
 
 def _timeuuid_key(b: bytes):
@@ -346,7 +334,7 @@ def compare_values(t, a: bytes, b: bytes) -> int:
         return _cmp(a, b)
     subs = _subtypes(t)
     if k in ("list", "set"):
-        ea, eb = _read_elements(a), _read_elements(b)
+        ea, eb = _read_elements(t, a), _read_elements(t, b)
         et = subs[0] if subs else None
         for x, y in zip(ea, eb):
             c = _cmp_nullable(et, x, y)
@@ -354,7 +342,7 @@ def compare_values(t, a: bytes, b: bytes) -> int:
                 return c
         return _cmp(len(ea), len(eb))
     if k == "map":
-        ea, eb = _read_elements_map(a), _read_elements_map(b)
+        ea, eb = _read_elements_map(t, a), _read_elements_map(t, b)
         kt = subs[0] if subs else None
         vt = subs[1] if len(subs) > 1 else None
         for (xk, xv), (yk, yv) in zip(ea, eb):
@@ -363,7 +351,7 @@ def compare_values(t, a: bytes, b: bytes) -> int:
                 return c
         return _cmp(len(ea), len(eb))
     if k in ("tuple", "udt", "user", "usertype"):
-        fa, fb = _read_fields(a), _read_fields(b)
+        fa, fb = _read_fields(t, a), _read_fields(t, b)
         for i in range(max(len(fa), len(fb))):
             x = fa[i] if i < len(fa) else None
             y = fb[i] if i < len(fb) else None
@@ -391,9 +379,9 @@ def _cmp_nullable(t, x, y) -> int:
     return compare_values(t, x, y)
 
 
-def _read_elements_map(data: bytes) -> list:
+def _read_elements_map(t, data: bytes) -> list:
     """(key, value) pairs of a frozen map: int32 count, then key and value of each entry."""
-    flat = _length_prefixed(data, 4, 2 * struct.unpack_from(">i", data, 0)[0])
+    flat = read_length_prefixed(data, 4, 2 * struct.unpack_from(">i", data, 0)[0], "key/value", t)[0]
     return list(zip(flat[::2], flat[1::2]))
 
 
