@@ -1058,6 +1058,15 @@ fn repr_name(out: &mut String, t: &Table, col: ColId) -> D<()> {
     repr_ascii_str(out, t.name_of(col)).ok_or(Doubt)
 }
 
+/// The start of a `(column name, ...)` item of `tup`; the caller writes the rest and the `)`.
+fn named_item(out: &mut String, tup: &mut ReprTuple, t: &Table, col: ColId) -> D<()> {
+    tup.item(out);
+    out.push('(');
+    repr_name(out, t, col)?;
+    out.push_str(", ");
+    Ok(())
+}
+
 /// `_row_state_repr(row)`.
 fn repr_row_state(out: &mut String, t: &Table, row: Option<&RowState>) -> D<()> {
     let row = match row {
@@ -1089,10 +1098,7 @@ fn repr_row_state(out: &mut String, t: &Table, row: Option<&RowState>) -> D<()> 
     cells.sort_by(|a, b| t.name_of(a.0).cmp(t.name_of(b.0)));
     let mut tup = ReprTuple::open(out);
     for (col, c) in cells {
-        tup.item(out);
-        out.push('(');
-        repr_name(out, t, *col)?;
-        out.push_str(", ");
+        named_item(out, &mut tup, t, *col)?;
         repr_cell(out, c);
         out.push(')');
     }
@@ -1102,10 +1108,7 @@ fn repr_row_state(out: &mut String, t: &Table, row: Option<&RowState>) -> D<()> 
     complex.sort_by(|a, b| t.name_of(a.0).cmp(t.name_of(b.0)));
     let mut tup = ReprTuple::open(out);
     for (col, e) in complex {
-        tup.item(out);
-        out.push('(');
-        repr_name(out, t, *col)?;
-        out.push_str(", ");
+        named_item(out, &mut tup, t, *col)?;
         repr_del(out, &e.del);
         out.push_str(", ");
         let mut inner = ReprTuple::open(out);

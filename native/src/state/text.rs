@@ -210,31 +210,35 @@ pub fn decimal_str(out: &mut String, unscaled: &[u8], scale: i32) {
 
 /// The decimal digits of `v` (as `str(v)`).
 pub fn push_i64(out: &mut String, v: i64) {
-    let mut buf = [0u8; 20];
-    let mut i = buf.len();
-    let mut n = v.unsigned_abs(); // u64 arithmetic: u128 division is a library call
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
     if v < 0 {
         out.push('-');
     }
-    // SAFETY: ASCII digits
-    out.push_str(unsafe { std::str::from_utf8_unchecked(&buf[i..]) });
+    push_u64(out, v.unsigned_abs(), 1);
 }
 
 pub fn push_i128(out: &mut String, v: i128) {
-    if let Ok(small) = i64::try_from(v) {
-        return push_i64(out, small);
+    if v < 0 {
+        out.push('-');
     }
-    let mut buf = [0u8; 40];
+    push_u128(out, v.unsigned_abs());
+}
+
+fn push_u128(out: &mut String, n: u128) {
+    const E19: u128 = 10_000_000_000_000_000_000;
+    match u64::try_from(n) {
+        Ok(small) => push_u64(out, small, 1),
+        Err(_) => {
+            // u64 arithmetic for each 19 digits: u128 division is a library call
+            push_u128(out, n / E19);
+            push_u64(out, (n % E19) as u64, 19);
+        }
+    }
+}
+
+/// `n` in decimal, zero-padded to at least `width` digits.
+fn push_u64(out: &mut String, mut n: u64, width: usize) {
+    let mut buf = [b'0'; 20];
     let mut i = buf.len();
-    let mut n = v.unsigned_abs();
     loop {
         i -= 1;
         buf[i] = b'0' + (n % 10) as u8;
@@ -243,9 +247,7 @@ pub fn push_i128(out: &mut String, v: i128) {
             break;
         }
     }
-    if v < 0 {
-        out.push('-');
-    }
+    i = i.min(buf.len() - width);
     // SAFETY: ASCII digits
     out.push_str(unsafe { std::str::from_utf8_unchecked(&buf[i..]) });
 }

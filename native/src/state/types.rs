@@ -126,22 +126,25 @@ fn be_i32(b: &[u8], p: usize) -> D<i32> {
     b.get(p..p + 4).map(|x| i32::from_be_bytes(x.try_into().unwrap())).ok_or(Doubt)
 }
 
-/// `count` i32-length-prefixed elements from `pos` (None for length -1), as `_read_elements`; the next position.
+/// One i32-length-prefixed value at `pos` (None for length -1) and the position after it.
+fn read_one(b: &[u8], pos: usize) -> D<(Option<&[u8]>, usize)> {
+    let ln = be_i32(b, pos)?;
+    let pos = pos + 4;
+    if ln < 0 {
+        return if ln == -1 { Ok((None, pos)) } else { Err(Doubt) };
+    }
+    let end = pos.checked_add(ln as usize).ok_or(Doubt)?;
+    Ok((Some(b.get(pos..end).ok_or(Doubt)?), end))
+}
+
+/// `count` i32-length-prefixed elements from `pos` (None for length -1), as `read_length_prefixed`; the next
+/// position.
 fn read_elements(b: &[u8], mut pos: usize, count: usize) -> D<(Vec<Option<&[u8]>>, usize)> {
     let mut out = Vec::with_capacity(count.min(1024));
     for _ in 0..count {
-        let ln = be_i32(b, pos)?;
-        pos += 4;
-        if ln < 0 {
-            if ln != -1 {
-                return Err(Doubt);
-            }
-            out.push(None);
-            continue;
-        }
-        let end = pos.checked_add(ln as usize).ok_or(Doubt)?;
-        out.push(Some(b.get(pos..end).ok_or(Doubt)?));
-        pos = end;
+        let (v, next) = read_one(b, pos)?;
+        out.push(v);
+        pos = next;
     }
     Ok((out, pos))
 }
@@ -176,22 +179,10 @@ pub fn map_pairs(b: &[u8]) -> D<Vec<(Option<&[u8]>, Option<&[u8]>)>> {
 pub fn split_fields(b: &[u8], n: usize) -> D<Vec<Option<&[u8]>>> {
     let mut out = Vec::with_capacity(n);
     let mut pos = 0;
-    for _ in 0..n {
-        if pos == b.len() {
-            break;
-        }
-        let ln = be_i32(b, pos)?;
-        pos += 4;
-        if ln < 0 {
-            if ln != -1 {
-                return Err(Doubt);
-            }
-            out.push(None);
-            continue;
-        }
-        let end = pos.checked_add(ln as usize).ok_or(Doubt)?;
-        out.push(Some(b.get(pos..end).ok_or(Doubt)?));
-        pos = end;
+    while out.len() < n && pos < b.len() {
+        let (v, next) = read_one(b, pos)?;
+        out.push(v);
+        pos = next;
     }
     if pos != b.len() {
         return Err(Doubt);
