@@ -6,10 +6,9 @@
 //! with the reference, which produces the typed error or the records. It never has to be right about errors,
 //! only about successes, so whenever it is in doubt it gives up.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::columns::*;
+use crate::fxhash::FxMap;
 use crate::murmur3::token;
 
 pub const MODE_USER: u8 = 0; // decode natively
@@ -33,40 +32,6 @@ pub enum Fail {
 
 type R<T> = Result<T, Fail>;
 
-/// A small multiply-xor hasher (FxHash) for table ids and column names: SipHash is needlessly slow here and
-/// the keys do not come from an adversary who could profit from collisions.
-#[derive(Default, Clone, Copy)]
-pub struct FxHasher(u64);
-
-impl Hasher for FxHasher {
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            self.add(u64::from_le_bytes(c.try_into().unwrap()));
-        }
-        for &b in chunks.remainder() {
-            self.add(b as u64);
-        }
-    }
-    #[inline]
-    fn write_usize(&mut self, n: usize) {
-        self.add(n as u64);
-    }
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-impl FxHasher {
-    #[inline]
-    fn add(&mut self, w: u64) {
-        self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-}
-
-pub type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 pub type Tables = FxMap<[u8; 16], Table>;
 
 pub struct ColInfo {

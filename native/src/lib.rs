@@ -19,6 +19,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 pub mod columns;
 pub mod container;
 pub mod decode;
+pub mod fxhash;
 pub mod murmur3;
 pub mod state;
 

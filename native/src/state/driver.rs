@@ -8,7 +8,8 @@ use std::collections::BTreeMap;
 use super::arrow_in::Col;
 use super::engine::{self, Cell, Complex, EventCtx, Emitter, Event, Kind, PartitionState, Rec, RowState};
 use super::out::{Out, StateRows};
-use super::table::{FastMap, Table};
+use super::table::Table;
+use crate::fxhash::FxMap;
 use super::types::D;
 
 
@@ -207,7 +208,7 @@ struct Stored<'a> {
     cdels: &'a Col,
     rts: &'a Col,
     /// partition key -> its records
-    by_key: FastMap<&'a [u8], Vec<usize>>,
+    by_key: FxMap<&'a [u8], Vec<usize>>,
 }
 
 impl<'a> Stored<'a> {
@@ -223,7 +224,7 @@ impl<'a> Stored<'a> {
             lts: f("liveness_ts", "l")?, lttl: f("liveness_ttl", "i")?, lldt: f("liveness_ldt", "l")?,
             dts: f("deletion_ts", "l")?, dldt: f("deletion_ldt", "l")?, sts: f("shadowable_ts", "l")?,
             sldt: f("shadowable_ldt", "l")?, cells: f("cells", "+l")?, cdels: f("complex_deletions", "+l")?,
-            rts: f("range_tombstones", "+l")?, by_key: FastMap::default(),
+            rts: f("range_tombstones", "+l")?, by_key: FxMap::default(),
         };
         let names = [s.cells.children[0].child("column")?, s.cdels.children[0].child("column")?];
         for col in names {
@@ -232,7 +233,7 @@ impl<'a> Stored<'a> {
                 t.col(col.bytes(j));
             }
         }
-        let mut by_key: FastMap<&'a [u8], Vec<usize>> = FastMap::default();
+        let mut by_key: FxMap<&'a [u8], Vec<usize>> = FxMap::default();
         for i in 0..c.len {
             by_key.entry(s.pk.bytes(i)).or_default().push(i);
         }
@@ -341,7 +342,7 @@ pub fn process_table(t: &mut Table, cell_log: &Col, stored: &Col, expiring: &[Ve
                      -> Result<Output, String> {
     let log = CellLog::new(cell_log)?;
     // replica copies: one record per identity, the smallest source; kept in first-seen order
-    let mut first: FastMap<ByIdentity, usize> = FastMap::with_capacity_and_hasher(cell_log.len, Default::default());
+    let mut first: FxMap<ByIdentity, usize> = FxMap::with_capacity_and_hasher(cell_log.len, Default::default());
     let mut kept: Vec<usize> = Vec::with_capacity(cell_log.len);
     for i in 0..cell_log.len {
         match first.entry(ByIdentity { log: &log, i }) {
@@ -360,7 +361,7 @@ pub fn process_table(t: &mut Table, cell_log: &Col, stored: &Col, expiring: &[Ve
     drop(first);
     // partitions: their records (indexes, in first-seen order), built into `Rec`s by the thread that runs them
     log.intern(t);
-    let mut by_key: FastMap<&[u8], (i64, Vec<usize>)> = FastMap::default();
+    let mut by_key: FxMap<&[u8], (i64, Vec<usize>)> = FxMap::default();
     for &i in &kept {
         by_key.entry(log.pk.bytes(i)).or_insert_with(|| (log.token.i64(i), Vec::new())).1.push(i);
     }
@@ -411,7 +412,7 @@ impl Run {
 }
 
 /// The partitions `order` (publish order; the first is partition number `first` of the batch).
-fn process_run(em: &Emitter, stored: &Stored, log: &CellLog, by_key: &FastMap<&[u8], (i64, Vec<usize>)>,
+fn process_run(em: &Emitter, stored: &Stored, log: &CellLog, by_key: &FxMap<&[u8], (i64, Vec<usize>)>,
                order: &[(&[u8], i64)], first: usize, s: &Settings) -> Result<Run, String> {
     let t = em.t;
     let mut out = Run { doubted: Vec::new(), events: Events::with_capacity(order.len()), state: StateRows::new(t),

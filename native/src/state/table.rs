@@ -3,73 +3,12 @@
 //! `state.native.table_desc` (Python), as `reconcile._TableInfo` is.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 
 use super::types::Ty;
+use crate::fxhash::FxMap;
 
 pub type ColId = u32;
 
-/// FxHash (rustc's multiply-rotate hash) with a finalizer: several times faster than SipHash on the short keys
-/// here. The keys come from the batch itself, so there is no adversary to defend against.
-#[derive(Default)]
-pub struct FxHasher(u64);
-
-impl Hasher for FxHasher {
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            self.add(u64::from_le_bytes(c.try_into().unwrap()));
-        }
-        let rest = chunks.remainder();
-        if !rest.is_empty() {
-            let mut b = [0u8; 8];
-            b[..rest.len()].copy_from_slice(rest);
-            self.add(u64::from_le_bytes(b));
-        }
-    }
-
-    #[inline]
-    fn write_u8(&mut self, i: u8) {
-        self.add(i as u64);
-    }
-
-    #[inline]
-    fn write_u32(&mut self, i: u32) {
-        self.add(i as u64);
-    }
-
-    #[inline]
-    fn write_u64(&mut self, i: u64) {
-        self.add(i);
-    }
-
-    #[inline]
-    fn write_usize(&mut self, i: usize) {
-        self.add(i as u64);
-    }
-
-    /// Mixed down (murmur3's fmix64): a product's low bits depend only on the input's low bits, and big-endian
-    /// keys differ in their high bytes, which would put them all in a few buckets.
-    #[inline]
-    fn finish(&self) -> u64 {
-        let mut h = self.0;
-        h ^= h >> 33;
-        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-        h ^= h >> 33;
-        h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-        h ^ (h >> 33)
-    }
-}
-
-impl FxHasher {
-    #[inline]
-    fn add(&mut self, x: u64) {
-        self.0 = (self.0.rotate_left(5) ^ x).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-}
-
-pub type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Role {
@@ -103,7 +42,7 @@ pub struct Table {
     pub keyspace: String,
     pub name: String,
     pub cols: Vec<Column>,
-    by_name: FastMap<Vec<u8>, ColId>,
+    by_name: FxMap<Vec<u8>, ColId>,
     pub pk: Vec<ColId>,
     pub ck: Vec<ColId>,
     /// `SELECT *` order: partition key, clustering, the others by name (JSON rows, typed state columns)
@@ -127,7 +66,7 @@ pub struct ColumnDesc {
 impl Table {
     pub fn new(id_str: String, keyspace: String, name: String, columns: Vec<ColumnDesc>,
                dropped: Vec<(String, Ty, i64)>) -> Table {
-        let mut t = Table { id_str, keyspace, name, cols: Vec::new(), by_name: FastMap::default(), pk: Vec::new(),
+        let mut t = Table { id_str, keyspace, name, cols: Vec::new(), by_name: FxMap::default(), pk: Vec::new(),
                             ck: Vec::new(), value_cols: Vec::new(), typed_cols: Vec::new(), change_plan: Vec::new(),
                             repr_ok: true };
         let drop_times: HashMap<String, i64> = dropped.iter().map(|(n, _, t)| (n.clone(), *t)).collect();
