@@ -14,7 +14,8 @@ from servers import get_local_spark_session
 from cdc_lib.celllog.reader import read_cell_log
 from cdc_lib.celllog.schema import decode_clustering
 from cdc_lib.demo.workload import SAMPLE_SCHEMA_CQL, START_US, sample_schema, write_cluster_segments
-from cdc_lib.sinks.delta import DeltaRsStateStore, read_outbox, read_state, run_store_batch, visible_table
+from cdc_lib.sinks.delta import (DeltaRsStateStore, read_outbox, read_state, run_store_batch, table_outputs,
+                                visible_table)
 from cdc_lib.spark.merge_job import run_batch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -129,6 +130,45 @@ def test_spark_batches_equal_the_core_and_the_model(spark, cluster, tmp_path, mo
         assert list(read_outbox(str(root), f"b{i}")) == list(read_outbox(str(core), f"b{i}"))
     for t in schema.tables.values():
         assert _sorted_state(root, t) == _sorted_state(core, t), t.name
+
+
+def test_compiled_engine_gives_the_python_engines_outbox_and_state(cluster, tmp_path, monkeypatch):
+    """The in-driver batch with the compiled state engine (CASSANDRA_CDC_NATIVE=1) writes byte for byte the outbox
+    and state of the Python engine (=0): plain batches, a damaged segment, TTL sweeps without records, a backfill
+    (``r`` events: Python on both sides), over chunks cut mid-table."""
+    from cdc_lib.spark import merge_job as mb
+    from cdc_lib.state import native as native_state
+    if not native_state.available():
+        pytest.skip("cdc_native without the compiled state engine (API 2): run scripts/setup.sh")
+    schema, _, batches = cluster
+    ttl_seg = _ttl_segment(tmp_path / "ttl" / "node1", schema, NOW0 + 130)
+    runs = [(batches[0], NOW0 + 30, None, "c"), (batches[1], NOW0 + 120, NOW0 + 30, "c"),
+            ([ttl_seg], NOW0 + 140, NOW0 + 120, "c"), ([], NOW0 + 4000, NOW0 + 140, "c")]
+    monkeypatch.setattr(mb, "CHUNK_PARTITIONS", 7)      # chunks end inside tables and inside input batches
+    compiled_calls = []
+    monkeypatch.setattr(mb, "table_outputs", lambda *a, **k: compiled_calls.append(a[0]) or table_outputs(*a, **k))
+    roots = {}
+    for mode in ("0", "1"):
+        monkeypatch.setenv("CASSANDRA_CDC_NATIVE", mode)
+        compiled_calls.clear()
+        roots[mode] = root = tmp_path / f"native{mode}"
+        for i, (paths, now, prev, _) in enumerate(runs):
+            run_batch(None, paths, root=str(root), schema=schema, batch_id=f"b{i}", batch_seq=i + 1, now=now,
+                      prev_now=prev, cluster="c1")
+        # a backfill of another store: r events, which only the Python engine makes
+        n = len(compiled_calls)
+        run_batch(None, batches[0], root=str(root / "backfill"), schema=schema, batch_id="r0", batch_seq=1,
+                  now=NOW0 + 30, cluster="c1", create_op="r")
+        assert len(compiled_calls) == n
+        assert bool(compiled_calls) == (mode == "1")
+    for i in range(len(runs)):
+        assert list(read_outbox(str(roots["1"]), f"b{i}")) == list(read_outbox(str(roots["0"]), f"b{i}")), i
+    assert list(read_outbox(str(roots["1"] / "backfill"), "r0")) == list(read_outbox(str(roots["0"] / "backfill"),
+                                                                                     "r0"))
+    assert any(json.loads(r["event_json"])["source"]["expired"] for r in read_outbox(str(roots["1"]), "b3"))
+    for t in schema.tables.values():
+        assert _sorted_state(roots["1"], t) == _sorted_state(roots["0"], t), t.name
+        assert _sorted_state(roots["1"] / "backfill", t) == _sorted_state(roots["0"] / "backfill", t), t.name
 
 
 def _ttl_segment(directory, schema, at_s):

@@ -28,12 +28,14 @@ Data path on Spark (nothing proportional to the batch passes through the driver)
    window).
 3. **Reconcile**, ``mapInArrow`` again: per chunk of up to ``CHUNK_PARTITIONS`` partitions (a token range)
    the executor reads the prior state of exactly those keys with deltalake (pinned to the table versions the
-   driver saw at the start, so every task and a recomputed task read the same state), runs
-   ``state.batch.process_partition`` (replica copies dropped there: the copy kept is the one with the smallest
-   source position, a choice Spark's ``dropDuplicates`` cannot make deterministically, and it saves a second
-   shuffle), and emits events (one row each, with their sort key) and state change rows (Arrow IPC blobs per
-   table and chunk: tables have different typed schemas), both in publish order within the task. The result
-   is cached (memory and disk) for step 4.
+   driver saw at the start, so every task and a recomputed task read the same state), runs the compiled state
+   engine over the chunk's Arrow rows per table (``sinks.delta.table_outputs``, when ``CASSANDRA_CDC_NATIVE``
+   allows; a backfill's tables, with their ``r`` events and scan horizons, stay in Python) or
+   ``state.batch.process_partition`` per partition (replica copies dropped in both: the copy kept is the one
+   with the smallest source position, a choice Spark's ``dropDuplicates`` cannot make deterministically, and it
+   saves a second shuffle), and emits events (one row each, with their sort key) and state change rows (Arrow
+   IPC blobs per table and chunk: tables have different typed schemas), both in publish order within the task.
+   The result is cached (memory and disk) for step 4.
 4. **Write** with delta-spark (``sinks.delta_spark.DeltaSparkStateStore``), in the executors: the events of the
    range-partitioned tasks, concatenated in partition order, are already in publish order, so each task numbers
    its own events (``seq``) from an offset the driver computed from the per-task counts, and appends them to the
@@ -62,12 +64,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from cdc_lib.celllog.schema import CELL_LOG_SCHEMA
 from cdc_lib.sinks.delta import (OUTBOX_SCHEMA, DeltaRsStateStore, change_rows, merge_source_schema, outbox_row,
-                                 rows_to_arrow)
+                                 rows_to_arrow, table_outputs)
 from cdc_lib.state.batch import process_partition, table_order
+from cdc_lib.state.events import OP_CREATE
 
 CHUNK_PARTITIONS = 20_000      # partitions per prior-state read in a reconcile task (bounds executor memory)
 RESULT_PREFIX = "cdc-batch-result: "    # the job's last stdout line: this, then its BatchResult as JSON
@@ -317,72 +322,126 @@ def source_descriptors(segments, checksums: Optional[dict] = None) -> list:
 def _reconcile(schema, root: str, storage_options: dict, app_id: str, versions: dict, now: int,
                prev_now: Optional[int], cluster: str, batch_seq: int, create_op: str, horizons: dict):
     """The ``mapInArrow`` function of step 3 (a closure shipped to executors). ``horizons``: table id -> the
-    ``scan.horizon.Horizon`` JSON of a backfill scan (changes older than it make no event)."""
+    ``scan.horizon.Horizon`` JSON of a backfill scan (changes older than it make no event).
+
+    Its input arrives sorted by ``GROUP_ORDER``; it is cut into chunks of ``CHUNK_PARTITIONS`` partitions and
+    each chunk's tables are reconciled in turn: by the compiled engine (``sinks.delta.table_outputs``, Arrow in
+    and out) when ``state.native.enabled()`` in the executor, else, and for a backfill table (``r`` events, a
+    scan horizon: the compiled engine does neither), by ``state.batch.process_partition`` per partition. Both
+    give the same rows (``tests/test_merge_batch.py``)."""
     import uuid
 
     from cdc_lib.scan.horizon import Horizon
+    from cdc_lib.state import native as native_state
     read_times = {tid: Horizon.from_json(h) for tid, h in horizons.items()}
+    cell_names = [f.name for f in CELL_LOG_SCHEMA]
 
-    def flush(store, pending, out_rows):
-        # pending: [(table_id, partition_key, token, records)] in sorted order
-        by_table: dict = {}
-        for tid, pk, tok, recs in pending:
-            by_table.setdefault(tid, []).append((pk, tok, recs))
-        for tid, parts in by_table.items():
+    def python_rows(store, table, tid: str, rows: pa.Table) -> list:
+        """OUT_SCHEMA rows (dicts) of one table's partitions in a chunk, by the Python engine."""
+        parts = []          # [(partition key, token, records)] in publish order
+        for r in rows.to_pylist():
+            if not parts or parts[-1][0] != r["partition_key"]:
+                parts.append((r["partition_key"], r["token"], []))
+            if r["kind"] != SWEEP_KIND:
+                parts[-1][2].append(r)
+        prior = store.read_partitions(table, [pk for pk, _, _ in parts])
+        horizon = read_times.get(tid)
+        ks, name = table_order(table)[:2]
+        out_rows, change = [], []
+        for pk, tok, recs in parts:
+            res = process_partition(table, pk, tok, recs, prior.get(pk), now, prev_now=prev_now,
+                                    cluster=cluster, create_op=create_op,
+                                    quiet_before=horizon.at(tok) if horizon is not None else None)
+            for i, e in enumerate(res.events):
+                row = outbox_row(table, e, "", 0, 0)
+                out_rows.append({"out_kind": "event", "table_id": tid, "t_keyspace": ks, "t_name": name,
+                                 "token": tok, "partition_key": pk, "idx": i, "event_id": row["event_id"],
+                                 "op": row["op"], "key_json": row["key_json"], "event_json": row["event_json"],
+                                 "ts_us": row["ts_us"], "ts_ms": row["ts_ms"]})
+            if res.changed:
+                change += change_rows(table, pk, res.prior, res.state, now, batch_seq, tok)
+        if change:
+            out_rows.append(_state_out_row(table, rows_to_arrow(table, change)))
+        return out_rows
+
+    def compiled_rows(store, table, tid: str, rows: pa.Table) -> pa.Table:
+        """OUT_SCHEMA rows of one table's partitions in a chunk, by the compiled engine (Arrow only)."""
+        sweep = pc.equal(rows.column("kind"), SWEEP_KIND)
+        cells = rows.filter(pc.invert(sweep)).select(cell_names)
+        with_records = pc.unique(cells.column("partition_key"))
+        marked = pc.unique(rows.filter(sweep).column("partition_key"))
+        expiring = marked.filter(pc.invert(pc.is_in(marked, value_set=with_records))).to_pylist()
+        stored = store.read_state_rows(table, pc.unique(rows.column("partition_key")).to_pylist())
+        events, source, _ = table_outputs(table, cells, stored, now, prev_now=prev_now, expiring=expiring,
+                                          cluster=cluster, batch_seq=batch_seq)
+        ks, name = table_order(table)[:2]
+        n = events.num_rows
+        out = pa.table({
+            "out_kind": pa.repeat("event", n), "table_id": pa.repeat(tid, n), "t_keyspace": pa.repeat(ks, n),
+            "t_name": pa.repeat(name, n), "token": events.column("token"),
+            "partition_key": events.column("partition_key"), "idx": events.column("idx").cast(pa.int32()),
+            **{c: events.column(c) for c in ("event_id", "op", "key_json", "event_json", "ts_us")},
+            # the Python engine's events carry ts_ms = now in ms (process_partition passes no ts_ms)
+            "ts_ms": pa.repeat(pa.scalar(now * 1000, pa.int64()), n),
+            "payload": pa.nulls(n, pa.binary()), "n_rows": pa.nulls(n, pa.int64())}, schema=OUT_SCHEMA)
+        if source.num_rows:
+            out = pa.concat_tables([out, pa.Table.from_pylist([_state_out_row(table, source)], schema=OUT_SCHEMA)])
+        return out
+
+    def flush(store, chunk: list) -> list:
+        """OUT_SCHEMA batches of a chunk (input batches holding whole partitions), tables in publish order."""
+        rows = pa.Table.from_batches(chunk)
+        tids = rows.column("table_id")
+        compiled = native_state.enabled() and create_op == OP_CREATE
+        out = []
+        for tid in pc.unique(tids).to_pylist():          # in order of appearance: publish order
             table = schema.get(uuid.UUID(tid))
-            prior = store.read_partitions(table, [pk for pk, _, _ in parts])
-            change = []
-            horizon = read_times.get(tid)
-            for pk, tok, recs in parts:
-                real = [r for r in recs if r["kind"] != SWEEP_KIND]
-                res = process_partition(table, pk, tok, real, prior.get(pk), now, prev_now=prev_now,
-                                        cluster=cluster, create_op=create_op,
-                                        quiet_before=horizon.at(tok) if horizon is not None else None)
-                ks, name = table_order(table)[:2]
-                for i, e in enumerate(res.events):
-                    row = outbox_row(table, e, "", 0, 0)
-                    out_rows.append({"out_kind": "event", "table_id": tid, "t_keyspace": ks, "t_name": name,
-                                     "token": tok, "partition_key": pk, "idx": i, "event_id": row["event_id"],
-                                     "op": row["op"], "key_json": row["key_json"],
-                                     "event_json": row["event_json"], "ts_us": row["ts_us"],
-                                     "ts_ms": row["ts_ms"]})
-                if res.changed:
-                    change += change_rows(table, pk, res.prior, res.state, now, batch_seq, tok)
-            if change:
-                t = rows_to_arrow(table, change)
-                sink = io.BytesIO()
-                with pa.ipc.new_stream(sink, t.schema) as w:
-                    w.write_table(t)
-                out_rows.append({"out_kind": "state", "table_id": tid, "t_keyspace": table.keyspace,
-                                 "t_name": table.name, "payload": sink.getvalue(), "n_rows": t.num_rows})
+            mine = rows.filter(pc.equal(tids, tid))
+            if compiled and tid not in read_times:
+                out += compiled_rows(store, table, tid, mine).to_batches()
+            else:
+                out.append(pa.RecordBatch.from_pylist(python_rows(store, table, tid, mine), schema=OUT_SCHEMA))
+        return out
 
     def reconcile(batches):
         store = DeltaRsStateStore(root, storage_options, app_id=app_id, versions=versions)
-        pending = []
-        current = None          # (table_id, partition_key)
-        recs: list = []
-        tok = 0
-        out_rows: list = []
+        chunk: list = []    # input batches of the chunk's partitions
+        n = 0               # partitions begun in the chunk
+        last = None         # (table id, partition key) of the last row seen
         for b in batches:
-            for r in b.to_pylist():
-                k = (r["table_id"], r["partition_key"])
-                if k != current:
-                    if current is not None:
-                        pending.append((current[0], current[1], tok, recs))
-                    current, recs, tok = k, [], r["token"]
-                    if len(pending) >= CHUNK_PARTITIONS:
-                        flush(store, pending, out_rows)
-                        pending = []
-                        yield pa.RecordBatch.from_pylist(out_rows, schema=OUT_SCHEMA)
-                        out_rows = []
-                recs.append(r)
-        if current is not None:
-            pending.append((current[0], current[1], tok, recs))
-        if pending:
-            flush(store, pending, out_rows)
-        if out_rows:
-            yield pa.RecordBatch.from_pylist(out_rows, schema=OUT_SCHEMA)
+            if not b.num_rows:
+                continue
+            starts = _partition_starts(b, last)
+            last = (b.column("table_id")[-1].as_py(), b.column("partition_key")[-1].as_py())
+            while n + len(starts) > CHUNK_PARTITIONS:      # the chunk is full where partition CHUNK + 1 begins
+                cut = int(starts[CHUNK_PARTITIONS - n])
+                chunk.append(b.slice(0, cut))
+                yield from flush(store, chunk)
+                b, starts, chunk, n = b.slice(cut), starts[CHUNK_PARTITIONS - n:] - cut, [], 0
+            chunk.append(b)
+            n += len(starts)
+        if chunk:
+            yield from flush(store, chunk)
     return reconcile
+
+
+def _partition_starts(b: pa.RecordBatch, last: Optional[tuple]):
+    """Indices of the rows of ``b`` (sorted by ``GROUP_ORDER``) that begin a partition; ``last``: the (table id,
+    partition key) of the row before ``b``."""
+    tid, pk = b.column("table_id"), b.column("partition_key")
+    differs = pc.or_(pc.not_equal(tid.slice(1), tid.slice(0, len(tid) - 1)),
+                     pc.not_equal(pk.slice(1), pk.slice(0, len(pk) - 1)))
+    first = last is None or (tid[0].as_py(), pk[0].as_py()) != last
+    return np.flatnonzero(np.concatenate([[first], differs.to_numpy(zero_copy_only=False)]))
+
+
+def _state_out_row(table, rows: pa.Table) -> dict:
+    """The OUT_SCHEMA row of one table's change rows in a chunk: an Arrow IPC stream of them."""
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, rows.schema) as w:
+        w.write_table(rows)
+    return {"out_kind": "state", "table_id": str(table.id), "t_keyspace": table.keyspace, "t_name": table.name,
+            "payload": sink.getvalue(), "n_rows": rows.num_rows}
 
 
 def _number_events(offsets: dict, batch_id: str, batch_seq: int):
