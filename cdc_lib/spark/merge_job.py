@@ -58,6 +58,7 @@ import itertools
 import json
 import logging
 import os
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -371,9 +372,10 @@ def _reconcile(schema, root: str, storage_options: dict, app_id: str, versions: 
         with_records = pc.unique(cells.column("partition_key"))
         marked = pc.unique(rows.filter(sweep).column("partition_key"))
         expiring = marked.filter(pc.invert(pc.is_in(marked, value_set=with_records))).to_pylist()
-        stored = store.read_state_rows(table, pc.unique(rows.column("partition_key")).to_pylist())
+        stored = store.read_state_rows(table, pc.unique(rows.column("partition_key")),
+                                       tokens=pc.unique(rows.column("token")))
         events, source, _ = table_outputs(table, cells, stored, now, prev_now=prev_now, expiring=expiring,
-                                          cluster=cluster, batch_seq=batch_seq)
+                                          cluster=cluster, batch_seq=batch_seq, threads=_engine_threads())
         ks, name = table_order(table)[:2]
         n = events.num_rows
         out = pa.table({
@@ -423,6 +425,16 @@ def _reconcile(schema, root: str, storage_options: dict, app_id: str, versions: 
         if chunk:
             yield from flush(store, chunk)
     return reconcile
+
+
+def _engine_threads() -> Optional[int]:
+    """The compiled engine's threads: one in a Spark task (its sibling tasks have the other cores), else every
+    core (``None``: the in-driver transform)."""
+    if "pyspark" in sys.modules:
+        from pyspark import TaskContext
+        if TaskContext.get() is not None:
+            return 1
+    return None
 
 
 def _partition_starts(b: pa.RecordBatch, last: Optional[tuple]):
