@@ -270,6 +270,9 @@ def main(argv=None) -> int:
     p.add_argument("--max-segments", type=int, default=64)
     p.add_argument("--segment-size", type=int, default=1 << 20)
     p.add_argument("--airflow", action="store_true", help="run through `airflow dags test cassandra_cdc`")
+    p.add_argument("--driver-batch-max-mib", type=int, default=None,
+                   help="driver_batch_max_bytes in MiB: batches up to this size run in the process, without Spark "
+                        "(default: the setting's default)")
     p.add_argument("--cluster", action="store_true",
                    help="also run with spark-submit on a standalone cluster of 1, then 2 workers")
     p.add_argument("--driver-memory", metavar="N1,N2", default=None,
@@ -302,7 +305,9 @@ def main(argv=None) -> int:
         cfg = P.PipelineConfig(store_url="s3://bench/cdc", s3_endpoint_url=s3.endpoint_url,
                                s3_access_key=s3.access_key, s3_secret_key=s3.secret_key, cluster="bench",
                                schema_file=str(schema_file), kafka_bootstrap=broker.bootstrap, now=now,
-                               max_segments=a.max_segments, max_bytes=1 << 40, topic_prefix="bench")
+                               max_segments=a.max_segments, max_bytes=1 << 40, topic_prefix="bench",
+                               **({} if a.driver_batch_max_mib is None else
+                                  {"driver_batch_max_bytes": a.driver_batch_max_mib << 20}))
         store = P.open_store(cfg)
         uploaded: dict = {}
         t_ship = time.perf_counter()
