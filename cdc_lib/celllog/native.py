@@ -55,6 +55,11 @@ def native_available() -> bool:
     return _native is not None
 
 
+def compiled_module():
+    """The compiled module ``cdc_native`` (built from these sources' API), or None: the state engine's too."""
+    return _native
+
+
 def use_native() -> bool:
     """Whether the compiled paths run (``CASSANDRA_CDC_NATIVE`` = 0, 1 or auto; auto when unset)."""
     mode = os.environ.get(ENV, "auto").strip().lower()

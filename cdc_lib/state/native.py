@@ -24,7 +24,7 @@ from typing import Iterable, Optional
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cdc_lib.celllog.native import _native, use_native
+from cdc_lib.celllog.native import compiled_module, use_native
 from cdc_lib.celllog.schema import CELL_LOG_SCHEMA
 from cdc_lib.cql.tokens import token as murmur3_token
 from cdc_lib.errors import CdcError
@@ -68,7 +68,7 @@ def supports(table) -> bool:
 
 def available() -> bool:
     """Whether the compiled engine is installed."""
-    return hasattr(_native, "process_table")
+    return hasattr(compiled_module(), "process_table")
 
 
 def enabled() -> bool:
@@ -124,7 +124,7 @@ def process_table(table, cell_log, stored: pa.Table, now: int, *, state_schema: 
     st = _one_batch(stored.select(STATE_SCHEMA.names), STATE_SCHEMA)
     expiring = list(expiring)
     try:
-        out = _native.process_table(table_desc(table), log, st, expiring, now, prev_now, batch_seq, cluster,
+        out = compiled_module().process_table(table_desc(table), log, st, expiring, now, prev_now, batch_seq, cluster,
                                     threads or default_threads())
     except ValueError as e:
         raise NotCompiled(f"{table.qualified_name}: {e}") from e
