@@ -528,7 +528,8 @@ SECTIONS = {AgentConfig: "agent", PipelineConfig: "pipeline"}
 KEYSTORE_PASSWORD_ENV = ENV_PREFIX + "KEYSTORE_PASSWORD"
 KEY_PASSWORD_ENV = ENV_PREFIX + "KEY_PASSWORD"
 # CASSANDRA_CDC_ variables that are not settings of a consumer (read where they are used):
-# CASSANDRA_CDC_NATIVE (0, 1 or auto) chooses the compiled core or pure Python (cdc_lib.celllog.native).
+# CASSANDRA_CDC_NATIVE (0, 1 or auto) chooses the compiled core or pure Python: the reader (cdc_lib.celllog.native)
+# and the state engine (cdc_lib.state.native).
 OTHER_ENV = frozenset({KEYSTORE_PASSWORD_ENV, KEY_PASSWORD_ENV, "CASSANDRA_CDC_NATIVE"})
 
 
