@@ -60,7 +60,11 @@ def table_desc(table) -> tuple:
 
 
 def supports(table) -> bool:
-    """Whether the compiled engine can take ``table`` (its key columns listed in key order)."""
+    """Whether the compiled engine can take ``table``: its key columns listed in key order, and no column mask
+    (Cassandra 5's ``MASKED WITH``: the events carry masked values, ``cql.masks``, which the compiled engine does
+    not render)."""
+    if any(c.mask is not None for c in table.columns.values()):
+        return False
     keys = [c.name for c in table.columns.values() if c.kind == "partition_key"]
     ck = [c.name for c in table.columns.values() if c.kind == "clustering"]
     return keys == [c.name for c in table.partition_key] and ck == [c.name for c in table.clustering]
