@@ -177,7 +177,7 @@ pub fn map_pairs(b: &[u8]) -> D<Vec<(Option<&[u8]>, Option<&[u8]>)>> {
 
 /// Fields of a tuple or UDT value (`TupleType._split`): at most `n`, missing trailing fields absent.
 pub fn split_fields(b: &[u8], n: usize) -> D<Vec<Option<&[u8]>>> {
-    let mut out = Vec::with_capacity(n);
+    let mut out = Vec::with_capacity(n.min(64));
     let mut pos = 0;
     while out.len() < n && pos < b.len() {
         let (v, next) = read_one(b, pos)?;
@@ -752,7 +752,7 @@ pub fn compare_values(t: &Ty, a: &[u8], b: &[u8]) -> D<Ordering> {
             }
         }
         Ty::List(e, _) | Ty::Set(e, _) => {
-            let (ea, eb) = (reconcile_elements(a)?, reconcile_elements(b)?);
+            let (ea, eb) = (reconcile_elements(a, 1)?, reconcile_elements(b, 1)?);
             for (x, y) in ea.iter().zip(&eb) {
                 let c = cmp_nullable(Some(e), *x, *y)?;
                 if c != Ordering::Equal {
@@ -814,61 +814,21 @@ fn cmp_nullable(t: Option<&Ty>, x: Option<&[u8]>, y: Option<&[u8]>) -> D<Orderin
     }
 }
 
-// reconcile.py's own element readers: struct.unpack on short data raises (a doubt); lengths are not checked
-// against the end, and a length below -1 is read as a null
-fn reconcile_elements(b: &[u8]) -> D<Vec<Option<&[u8]>>> {
+// reconcile.py's readers for comparisons (`read_length_prefixed` through `_read_elements`, `_read_elements_map`,
+// `_read_fields`): a count-prefixed value reads `count` elements (none when the count is negative) and ignores
+// what follows; damaged framing is a `CqlValueError` there, a doubt here
+fn reconcile_elements(b: &[u8], per_element: usize) -> D<Vec<Option<&[u8]>>> {
     let n = be_i32(b, 0)?;
-    let mut pos = 4;
-    let mut out = Vec::new();
-    for _ in 0..n.max(0) {
-        let ln = be_i32(b, pos)?;
-        pos += 4;
-        if ln < 0 {
-            out.push(None);
-        } else {
-            let end = (pos + ln as usize).min(b.len());
-            out.push(Some(&b[pos.min(b.len())..end]));
-            pos += ln as usize;
-        }
-    }
-    Ok(out)
+    Ok(read_elements(b, 4, n.max(0) as usize * per_element)?.0)
 }
 
 fn reconcile_pairs(b: &[u8]) -> D<Vec<(Option<&[u8]>, Option<&[u8]>)>> {
-    let n = be_i32(b, 0)?;
-    let mut pos = 4;
-    let mut out = Vec::new();
-    for _ in 0..n.max(0) {
-        let mut pair = [None, None];
-        for slot in pair.iter_mut() {
-            let ln = be_i32(b, pos)?;
-            pos += 4;
-            if ln >= 0 {
-                let end = (pos + ln as usize).min(b.len());
-                *slot = Some(&b[pos.min(b.len())..end]);
-                pos += ln as usize;
-            }
-        }
-        out.push((pair[0], pair[1]));
-    }
-    Ok(out)
+    Ok(reconcile_elements(b, 2)?.chunks(2).map(|p| (p[0], p[1])).collect())
 }
 
+/// Every field up to the end.
 fn reconcile_fields(b: &[u8]) -> D<Vec<Option<&[u8]>>> {
-    let mut pos = 0;
-    let mut out = Vec::new();
-    while pos < b.len() {
-        let ln = be_i32(b, pos)?;
-        pos += 4;
-        if ln < 0 {
-            out.push(None);
-        } else {
-            let end = (pos + ln as usize).min(b.len());
-            out.push(Some(&b[pos.min(b.len())..end]));
-            pos += ln as usize;
-        }
-    }
-    Ok(out)
+    split_fields(b, usize::MAX)
 }
 
 /// `Decimal(unscaled).scaleb(-scale)` compared: exact, and a doubt when either unscaled value has more than the
