@@ -86,10 +86,10 @@ import pyarrow.compute as pc
 from cdc_lib.celllog.schema import CELL_LOG_SCHEMA
 from cdc_lib.cql.tokens import token as murmur3_token
 from cdc_lib.cql.types import EMPTY
-from cdc_lib.errors import CdcError, SchemaError, UnknownTableError
+from cdc_lib.errors import CdcError, SchemaError
 from cdc_lib.gcpause import gc_paused
 from cdc_lib.state import native as native_state
-from cdc_lib.state.batch import process_cell_log, table_order
+from cdc_lib.state.batch import batch_tables, process_cell_log, table_order
 from cdc_lib.state.events import partition_next_expiry
 from cdc_lib.state.purge import can_be_visible, holds_dropped_data, oldest_deletion_time, purge_partition
 from cdc_lib.state.reconcile import (STATE_SCHEMA, STATIC_KEY, PartitionState, _info, _typed_row,
@@ -973,19 +973,9 @@ def table_outputs(table, cell_log: pa.Table, stored: pa.Table, now: int, *, prev
 
 
 def _run_store_batch_native(store, schema, cell_log_batches, *, batch_id, batch_seq, now, prev_now, cluster):
-    import uuid
     log_table = pa.Table.from_batches(list(cell_log_batches), schema=CELL_LOG_SCHEMA)
-    ids = pc.unique(log_table.column("table_id")).to_pylist()
-    tables = {}
-    for tid in ids:
-        t = schema.get(uuid.UUID(tid))
-        if t is None:
-            raise UnknownTableError(tid)
-        tables[tid] = t
     sweeping = prev_now is not None and now > prev_now
-    if sweeping:
-        for t in schema.captured_tables():
-            tables.setdefault(str(t.id), t)
+    tables = batch_tables(schema, pc.unique(log_table.column("table_id")).to_pylist(), sweeping)
     outbox, sources = [], []
     for tid, table in sorted(tables.items(), key=lambda kv: table_order(kv[1])):
         cells = log_table.filter(pc.equal(log_table.column("table_id"), tid))

@@ -173,11 +173,8 @@ def _process_cell_log(schema, cell_log_batches, read_partitions, now, prev_now, 
     out = BatchOutput()
     by_table = records_by_table(cell_log_batches)
     sweeping = prev_now is not None and expiring_keys is not None and now > prev_now
-    if sweeping:
-        for t in schema.captured_tables():
-            by_table.setdefault(str(t.id), [])
-    for table_id, records in by_table.items():
-        table = _table(schema, table_id)
+    for table_id, table in batch_tables(schema, by_table, sweeping).items():
+        records = by_table.get(table_id, [])
         keys = {r["partition_key"] for r in records}
         expiring = []
         if sweeping:
@@ -186,6 +183,16 @@ def _process_cell_log(schema, cell_log_batches, read_partitions, now, prev_now, 
         out.tables[table_id] = (table, process_table(table, records, prior, now, prev_now=prev_now,
                                                      expiring=expiring, cluster=cluster))
     return out
+
+
+def batch_tables(schema, table_ids: Iterable[str], sweeping: bool) -> dict:
+    """{table id string: table} of a batch: the tables its records name (an id ``schema`` does not have is an
+    ``UnknownTableError``) and, when the batch sweeps expiries, every captured table."""
+    tables = {tid: _table(schema, tid) for tid in table_ids}
+    if sweeping:
+        for t in schema.captured_tables():
+            tables.setdefault(str(t.id), t)
+    return tables
 
 
 def _table(schema, table_id: str):
