@@ -19,8 +19,8 @@ finds what is done and does the rest:
 3. ``publish``: ``sinks.kafka.KafkaPublisher.publish_batch`` on the batch's outbox rows (exactly once: the
    publisher's own intent/scan/verify protocol and its ledger marker ``ledger/<batch_id>.json``).
 4. ``archive``: only once the publisher's marker exists: each segment moves ``incoming/`` -> ``archived/``
-   (copy, verify, then delete); a segment in which bytes were damaged moves to ``quarantined/`` with a reason
-   naming every damaged position instead (its readable entries were processed).
+   (copy, verify, then delete; ``ARCHIVE_THREADS`` segments at once); a segment in which bytes were damaged moves
+   to ``quarantined/`` with a reason naming every damaged position instead (its readable entries were processed).
 
 Backfill, replay and maintenance batches run through the same steps (see ``backfill``, ``replay`` and
 ``maintenance``); a pending replay request is claimed before new segments.
@@ -36,6 +36,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Optional
 
 from cdc_lib.commitlog.segment import DAMAGE_KINDS
@@ -62,6 +63,7 @@ from .requests import claim_share, consume_share
 from .resources import MiB, delta_root, encryption_keys, load_schema, open_store
 
 log = logging.getLogger("cassandra_cdc.pipeline")
+ARCHIVE_THREADS = 8         # segments the archive step moves at once (each move waits on the store's round trips)
 LOADS = ("cql", "sstables")      # backfill modes whose batches load live data (bootstrap)
 
 
@@ -413,38 +415,58 @@ def _codec(config: PipelineConfig, store):
 def _outbox_events(config: PipelineConfig, root: str, batch: Batch, tally: dict, codec=None) -> list:
     """The batch's outbox rows as ``sinks.kafka.OutboxEvent``: the JSON bytes exactly as the outbox holds them, or
     the same events in Avro (``sinks.kafka.avro_from_json_outbox`` restores the typed values)."""
-    from cdc_lib.sinks.delta import read_outbox
+    import pyarrow as pa
+
+    from cdc_lib.sinks.delta import read_outbox_table
     from cdc_lib.sinks.kafka import OutboxEvent, avro_from_json_outbox, table_topic
     schema = load_schema(config) if codec is not None else None
+    rows = read_outbox_table(root, batch.batch_id, config.delta_options())
+    # Column by column: JSON keys and values as the UTF-8 bytes Arrow holds them (no str decode and re-encode).
+    as_bytes = pa.binary() if codec is None else pa.string()
+    ids, keyspaces, tables, ops, keys, values = (
+        rows.column(c).cast(as_bytes).to_pylist() if c in ("key_json", "event_json") else rows.column(c).to_pylist()
+        for c in ("event_id", "keyspace", "table", "op", "key_json", "event_json"))
+    topics: dict = {}           # (keyspace, table) -> (topic, schema table)
+    counts: dict = {}           # (keyspace, table, op) -> events
+    tombstones = config.publishes_tombstones
     out = []
     seq = 0
-    for r in read_outbox(root, batch.batch_id, config.delta_options()):
-        topic = table_topic(config.topic_prefix, r["keyspace"], r["table"])
-        if codec is None:
-            key, value = r["key_json"].encode(), r["event_json"].encode()
-        else:
-            table = schema.by_name(r["keyspace"], r["table"])
-            if table is None:
-                raise PipelineError(f"publish: table {r['keyspace']}.{r['table']} of event {r['event_id']} is not "
-                                    "in the schema; cannot encode it as Avro")
-            hashed = [c.name for c in table.columns.values() if c.mask is not None and
-                      c.mask.function == "mask_hash" and c.type.kind not in ("blob", "text", "ascii")]
-            if hashed:
-                raise PipelineError(f"publish: {table.qualified_name}.{hashed[0]} is masked with mask_hash, whose "
-                                    f"result is a blob, not the column's {table.columns[hashed[0]].type.cql}: the "
-                                    "table's Avro schema cannot carry it; use kafka_format json or another mask")
-            key, value = avro_from_json_outbox(codec, table, topic, r["key_json"], r["event_json"])
-        out.append(OutboxEvent(r["event_id"], topic, key, value, seq))
+    for event_id, ks, name, op, key, value in zip(ids, keyspaces, tables, ops, keys, values):
+        target = topics.get((ks, name))
+        if target is None:
+            target = topics[(ks, name)] = (table_topic(config.topic_prefix, ks, name),
+                                           None if codec is None else _avro_table(schema, ks, name, event_id))
+        topic, table = target
+        if codec is not None:
+            key, value = avro_from_json_outbox(codec, table, topic, key, value)
+        out.append(OutboxEvent(event_id, topic, key, value, seq))
         seq += 1
-        tally["by_op"][r["op"]] = tally["by_op"].get(r["op"], 0) + 1
-        tname = f"{r['keyspace']}.{r['table']}"
-        tally["by_table"][tname] = tally["by_table"].get(tname, 0) + 1
-        ops = tally["by_table_op"].setdefault(tname, {})
-        ops[r["op"]] = ops.get(r["op"], 0) + 1
-        if config.publishes_tombstones and r["op"] == "d":
-            out.append(OutboxEvent(f"{r['event_id']}.tombstone", topic, key, None, seq))
+        counts[(ks, name, op)] = counts.get((ks, name, op), 0) + 1
+        if tombstones and op == "d":
+            out.append(OutboxEvent(f"{event_id}.tombstone", topic, key, None, seq))
             seq += 1
+    for (ks, name, op), n in counts.items():
+        tally["by_op"][op] = tally["by_op"].get(op, 0) + n
+        tname = f"{ks}.{name}"
+        tally["by_table"][tname] = tally["by_table"].get(tname, 0) + n
+        table_ops = tally["by_table_op"].setdefault(tname, {})
+        table_ops[op] = table_ops.get(op, 0) + n
     return out
+
+
+def _avro_table(schema, keyspace: str, name: str, event_id: str):
+    """The schema's table of an outbox row to encode as Avro; PipelineError when Avro cannot carry its events."""
+    table = schema.by_name(keyspace, name)
+    if table is None:
+        raise PipelineError(f"publish: table {keyspace}.{name} of event {event_id} is not in the schema; cannot "
+                            "encode it as Avro")
+    hashed = [c.name for c in table.columns.values() if c.mask is not None and
+              c.mask.function == "mask_hash" and c.type.kind not in ("blob", "text", "ascii")]
+    if hashed:
+        raise PipelineError(f"publish: {table.qualified_name}.{hashed[0]} is masked with mask_hash, whose "
+                            f"result is a blob, not the column's {table.columns[hashed[0]].type.cql}: the "
+                            "table's Avro schema cannot carry it; use kafka_format json or another mask")
+    return table
 
 
 def transactional_id(config: PipelineConfig) -> str:
@@ -477,7 +499,7 @@ def publish(config: PipelineConfig, batch, *, fault: Fault = no_fault) -> Batch:
                                topic_config=config.kafka_topic_config, client_config=config.kafka_config,
                                transactional_id=transactional_id(config) if config.kafka_transactions else None,
                                timeout_s=config.kafka_timeout_s,
-                               fault=lambda point, **info: fault(f"publish:{point}"))
+                               fault=None if fault is no_fault else lambda point, **info: fault(f"publish:{point}"))
     res = publisher.publish_batch(batch.batch_id, events)
     in_kafka = time.time()
     # Lag per segment, to its events in Kafka: from its close on the node (end_to_end_lag_seconds; clocks of node
@@ -524,8 +546,8 @@ def archive(config: PipelineConfig, batch, *, fault: Fault = no_fault) -> Batch:
         if q["kind"] in DAMAGE_KINDS:
             damaged.setdefault((q["node"], q["segment"]), []).append(
                 {"position": q["position"], "kind": q["kind"], "reason": q["reason"], "entry_key": q["key"]})
-    archived = quarantined = 0
-    for s in batch.segments:
+
+    def move(s: dict) -> str:
         if (s["node"], s["name"]) in damaged:
             dst = Layout.quarantined(config.cluster, s["node"], s["name"])
             store.quarantine(s["key"], dst, {
@@ -533,12 +555,24 @@ def archive(config: PipelineConfig, batch, *, fault: Fault = no_fault) -> Batch:
                 "reason": "damaged bytes; the readable entries were processed, the damaged ones are quarantined "
                           "separately (entry_key)",
                 "damage": damaged[(s["node"], s["name"])]})
-            quarantined += 1
-        else:
-            store.move(s["key"], Layout.archived(config.cluster, s["node"], s["name"]))
-            archived += 1
-        fault("archive:segment")
-    return _finish_archive(store, batch, {"archived": archived, "quarantined_segments": quarantined}, t0, fault)
+            return "quarantined_segments"
+        store.move(s["key"], Layout.archived(config.cluster, s["node"], s["name"]))
+        return "archived"
+
+    # Each move is independent (copy, verify, then delete: crash-safe on its own) and mostly waits on the store:
+    # several at once. The fault point is reached in this thread, once per segment moved.
+    counters = {"archived": 0, "quarantined_segments": 0}
+    with ThreadPoolExecutor(min(ARCHIVE_THREADS, len(batch.segments) or 1), thread_name_prefix="cdc-archive") as pool:
+        moves = [pool.submit(move, s) for s in batch.segments]
+        try:
+            for done in as_completed(moves):
+                counters[done.result()] += 1
+                fault("archive:segment")
+        except BaseException:
+            for m in moves:
+                m.cancel()      # the moves not begun; those under way finish (each is whole or not begun)
+            raise
+    return _finish_archive(store, batch, counters, t0, fault)
 
 
 def _finish_archive(store: ObjectStore, batch: Batch, counters: dict, t0: float, fault: Fault) -> Batch:

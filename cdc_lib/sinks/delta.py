@@ -862,15 +862,19 @@ def read_outbox(root: str, batch_id: str, storage_options: Optional[dict] = None
 
     Holds one batch's outbox rows in memory (the publisher holds the batch anyway).
     """
+    return iter(read_outbox_table(root, batch_id, storage_options).to_pylist())
+
+
+def read_outbox_table(root: str, batch_id: str, storage_options: Optional[dict] = None) -> pa.Table:
+    """``read_outbox`` as one Arrow table (``OUTBOX_SCHEMA``, ``seq`` order; empty without an outbox)."""
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
     try:
         dt = DeltaTable(events_table_uri(root), storage_options=storage_options or None)
     except TableNotFoundError:
-        return iter(())
+        return OUTBOX_SCHEMA.empty_table()
     t = dt.to_pyarrow_dataset().to_table(filter=pc.field("batch_id") == batch_id)
-    t = t.select(OUTBOX_SCHEMA.names).sort_by([("seq", "ascending")])
-    return iter(t.to_pylist())
+    return t.select(OUTBOX_SCHEMA.names).sort_by([("seq", "ascending")])
 
 
 def read_state(root: str, keyspace: str, table: str, storage_options: Optional[dict] = None,

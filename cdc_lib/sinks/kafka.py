@@ -68,6 +68,7 @@ import collections
 import io
 import json
 import logging
+import operator
 import os
 import struct
 import time
@@ -85,6 +86,7 @@ EVENT_ID_HEADER = "cdc-event-id"
 BATCH_HEADER = "cdc-batch"
 SEQ_HEADER = "cdc-seq"
 SCHEMA_CHANGE_SUFFIX = "schema-changes"
+SCAN_RECORDS_PER_CALL = 10_000     # records a scan takes from the consumer per call
 
 
 class PublishError(CdcError):
@@ -228,6 +230,7 @@ class KafkaPublisher:
         self.verify = verify
         self.timeout_s = timeout_s
         self._fault = fault or (lambda point, **info: None)
+        self._per_event_faults = fault is not None
         # What the clients report (a refused login, an unreachable broker): logged, and the last few repeated in
         # our errors, which would otherwise only say "transport failure".
         self._client_errors: collections.deque = collections.deque(maxlen=3)
@@ -305,10 +308,12 @@ class KafkaPublisher:
         errors: list = []
         delivered = [0]
 
+        per_event = self._per_event_faults     # without a hook, no call per event and per acknowledgement
+
         def on_delivery(err, msg):
             if err is not None:
                 errors.append(err)
-            else:
+            elif per_event:
                 delivered[0] += 1
                 self._fault("delivered", index=delivered[0] - 1, count=len(todo))
 
@@ -316,12 +321,17 @@ class KafkaPublisher:
         try:
             if in_transaction:
                 self._producer.begin_transaction()
+            batch_header = (BATCH_HEADER, batch_id.encode())
+            produce, fault, count = self._producer.produce, self._fault, len(todo)
             for i, e in enumerate(todo):
-                headers = [(EVENT_ID_HEADER, e.event_id.encode()), (BATCH_HEADER, batch_id.encode()),
-                           (SEQ_HEADER, str(e.seq).encode())]
-                self._produce(e, headers, on_delivery)
+                headers = [(EVENT_ID_HEADER, e.event_id.encode()), batch_header, (SEQ_HEADER, str(e.seq).encode())]
+                try:
+                    produce(e.topic, value=e.value, key=e.key, headers=headers, on_delivery=on_delivery)
+                except BufferError:
+                    self._produce(e, headers, on_delivery)
                 result.produced += 1
-                self._fault("produced", index=i, count=len(todo))
+                if per_event:
+                    fault("produced", index=i, count=count)
             self._fault("before_flush")
             if in_transaction:
                 # flushes, then commits: all of the batch becomes visible to read_committed consumers at once
@@ -374,6 +384,7 @@ class KafkaPublisher:
             raise PublishError(f"{what}: {e.args[0] if e.args else e}{said}") from e
 
     def _produce(self, e: OutboxEvent, headers, on_delivery) -> None:
+        """Produce ``e``, waiting for room in the local queue as long as it is full."""
         while True:
             try:
                 self._producer.produce(e.topic, key=e.key, value=e.value, headers=headers, on_delivery=on_delivery)
@@ -459,12 +470,16 @@ class KafkaPublisher:
             "fetch.wait.max.ms": 10,
         })
 
-    def _partitions(self, consumer, topic: str) -> list:
-        md = consumer.list_topics(topic, timeout=self.timeout_s)
-        t = md.topics.get(topic)
-        if t is None or t.error is not None:
-            raise PublishError(f"topic {topic} has no metadata: {None if t is None else t.error}")
-        return sorted(t.partitions)
+    def _partitions(self, consumer, topics) -> list:
+        """[(topic, partition)] of ``topics``, in order, from one metadata request."""
+        md = consumer.list_topics(timeout=self.timeout_s).topics
+        out = []
+        for topic in topics:
+            t = md.get(topic)
+            if t is None or t.error is not None:
+                raise PublishError(f"topic {topic} has no metadata: {None if t is None else t.error}")
+            out += [(topic, p) for p in sorted(t.partitions)]
+        return out
 
     def _watermarks(self, consumer, topic: str, partition: int) -> tuple:
         """(low, high) watermarks of a partition, retried while the broker says the error is retriable (a leader
@@ -485,11 +500,8 @@ class KafkaPublisher:
     def _end_offsets(self, topics) -> dict:
         consumer = self._consumer()
         try:
-            out = {}
-            for topic in topics:
-                for p in self._partitions(consumer, topic):
-                    out[(topic, p)] = self._watermarks(consumer, topic, p)[1]
-            return out
+            return {(topic, p): self._watermarks(consumer, topic, p)[1]
+                    for topic, p in self._partitions(consumer, topics)}
         finally:
             consumer.close()
 
@@ -504,14 +516,13 @@ class KafkaPublisher:
         consumer = self._consumer()
         try:
             assign, end = [], {}
-            for topic in topics:
-                for p in self._partitions(consumer, topic):
-                    low, high = self._watermarks(consumer, topic, p)
-                    # A partition added after the intent was taken is read from its beginning.
-                    first = start.get((topic, p), OFFSET_BEGINNING)
-                    if high > max(low, first if first >= 0 else low):
-                        assign.append(TopicPartition(topic, p, first))
-                        end[(topic, p)] = high
+            for topic, p in self._partitions(consumer, topics):
+                low, high = self._watermarks(consumer, topic, p)
+                # A partition added after the intent was taken is read from its beginning.
+                first = start.get((topic, p), OFFSET_BEGINNING)
+                if high > max(low, first if first >= 0 else low):
+                    assign.append(TopicPartition(topic, p, first))
+                    end[(topic, p)] = high
             found: list = []
             if not assign:
                 return found
@@ -522,22 +533,23 @@ class KafkaPublisher:
             while pending:
                 if time.monotonic() > deadline:
                     raise PublishError(f"batch {batch_id}: scanning {sorted(pending)} timed out")
-                msg = consumer.poll(0.2)
-                if msg is None:
-                    continue
-                where = (msg.topic(), msg.partition())
-                if msg.error() is not None:
-                    if msg.error().code() == KafkaError._PARTITION_EOF:
-                        pending.discard(where)
+                # What the consumer has fetched, many records per call (the scan reads every record of the batch's
+                # partitions since the intent); when it has nothing yet, wait for the next one.
+                for msg in consumer.consume(SCAN_RECORDS_PER_CALL, 0) or consumer.consume(1, 0.2):
+                    where = (msg.topic(), msg.partition())
+                    if msg.error() is not None:
+                        if msg.error().code() == KafkaError._PARTITION_EOF:
+                            pending.discard(where)
+                            continue
+                        raise PublishError(f"batch {batch_id}: reading {where[0]}[{where[1]}]: {msg.error()}")
+                    if where not in pending:
                         continue
-                    raise PublishError(f"batch {batch_id}: reading {msg.topic()}[{msg.partition()}]: {msg.error()}")
-                if where not in pending:
-                    continue
-                headers = dict(msg.headers() or [])
-                if headers.get(BATCH_HEADER) == want and EVENT_ID_HEADER in headers:
-                    found.append((headers[EVENT_ID_HEADER].decode(), msg.topic(), msg.partition(), msg.offset()))
-                if msg.offset() + 1 >= end[where]:
-                    pending.discard(where)
+                    offset = msg.offset()
+                    headers = dict(msg.headers() or ())
+                    if headers.get(BATCH_HEADER) == want and EVENT_ID_HEADER in headers:
+                        found.append((headers[EVENT_ID_HEADER].decode(), where[0], where[1], offset))
+                    if offset + 1 >= end[where]:
+                        pending.discard(where)
             return found
         finally:
             consumer.close()
@@ -592,7 +604,7 @@ def _offsets_to_json(offsets: dict) -> dict:
     return out
 
 
-def _events_by_key(batch: list) -> dict:
+def _events_by_key(batch: Iterable) -> dict:
     by_key: dict = {}
     for e in batch:
         by_key.setdefault((e.topic, e.key), []).append(e.event_id)
@@ -603,8 +615,8 @@ def _present(batch: list, found: list, compacted: set) -> set:
     """Ids of the batch's events that are in Kafka: those ``found``, and on ``compacted`` topics every event of a
     key up to the last one found (the broker may have removed the earlier ones: see the module docstring)."""
     present = {event_id for event_id, *_ in found}
-    for (topic, key), ids in _events_by_key(batch).items():
-        if topic in compacted:
+    if present and compacted:
+        for ids in _events_by_key(e for e in batch if e.topic in compacted).values():
             last = max((i for i, event_id in enumerate(ids) if event_id in present), default=-1)
             present.update(ids[:last + 1])
     return present
@@ -614,22 +626,26 @@ def _check_prefix(batch: list, found: list, compacted: set) -> set:
     """Ids of the batch's events in Kafka (``_present``), after checking they are, for every (topic, key), a prefix
     in batch order, and that what was found follows batch order in every partition."""
     present = _present(batch, found, compacted)
-    for (topic, key), ids in _events_by_key(batch).items():
-        flags = [i in present for i in ids]
-        n = sum(flags)
-        if flags[:n] != [True] * n:
-            raise PublishOrderError(f"topic {topic} key {key!r}: events in Kafka are not a prefix of the batch")
-    # Order in Kafka of what was found must follow batch order within each partition.
     pos = {e.event_id: i for i, e in enumerate(batch)}
+    in_batch = present & pos.keys()
+    # None of the batch, or all of it: every key's events are then trivially a prefix (a first attempt's scan and
+    # a complete verification, the usual cases, need no per-key pass).
+    if 0 < len(in_batch) < len(batch):
+        for (topic, key), ids in _events_by_key(batch).items():
+            flags = [i in present for i in ids]
+            n = sum(flags)
+            if flags[:n] != [True] * n:
+                raise PublishOrderError(f"topic {topic} key {key!r}: events in Kafka are not a prefix of the batch")
+    # Order in Kafka of what was found must follow batch order within each partition.
     last: dict = {}
-    for event_id, topic, partition, offset in sorted(found, key=lambda f: (f[1], f[2], f[3])):
+    for event_id, topic, partition, offset in sorted(found, key=operator.itemgetter(1, 2, 3)):
         if event_id not in pos:
             continue
         prev = last.get((topic, partition))
         if prev is not None and pos[event_id] < prev:
             raise PublishOrderError(f"{topic}[{partition}] holds event {event_id} out of batch order")
         last[(topic, partition)] = pos[event_id]
-    return present & set(pos)
+    return in_batch
 
 
 # -------------------------------------------------------------------------------------------- serialization

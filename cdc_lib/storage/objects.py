@@ -429,7 +429,7 @@ class ObjectStore:
             os.replace(tmp, d)
             _fsync_dir(os.path.dirname(d))
         else:
-            self.fs.copy(s, d)
+            self.fs.cp_file(s, d)      # one object: no path expansion (its listings and HEADs) as copy() does
             self._invalidate(d)
 
     def _verify_copy(self, src: str, dst: str, size: int, checksum: str) -> None:
