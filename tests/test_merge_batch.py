@@ -347,3 +347,39 @@ def test_spark_driver_killed_between_commits_then_rerun_only_finishes_the_batch(
     _core(clean, schema, [batches[0]], [NOW0 + 30])
     for t in tables:
         assert _sorted_state(root, t) == _sorted_state(clean, t), t.name
+
+
+def test_the_partition_order_is_arrows_stable_sort_by_table_token_key_and_index():
+    """The in-process transform sorts the cell log and its events into partition order with integer keys; the order
+    must be the one Arrow's stable ``sort_indices`` over ``GROUP_ORDER`` (``EVENT_ORDER``) gives: tokens shared by
+    several keys, keys that are prefixes of others, equal rows kept in their order, and a table id naming two tables
+    (the fallback). Reconcile then takes each table's rows of a chunk as they come: one run each, or scattered."""
+    import random
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from cdc_lib.spark.merge_job import EVENT_ORDER, GROUP_ORDER, _partition_order, _table_runs
+    rnd = random.Random(5)
+    names = [("ks_b", "t1", "id-3"), ("ks_a", "t2", "id-1"), ("ks_a", "t1", "id-2"), ("ks_a", "t1", "id-0")]
+    keys = [b"", b"\x00", b"\x00\x00", b"a", b"ab", b"b", b"\xff"]
+    rows = [(*rnd.choice(names), rnd.choice(keys), rnd.choice([-5, 0, 7])) for _ in range(2000)]
+
+    def table(rows):
+        return pa.table({"keyspace": [r[0] for r in rows], "table": [r[1] for r in rows],
+                         "table_id": [r[2] for r in rows], "partition_key": pa.array([r[3] for r in rows], pa.binary()),
+                         "token": pa.array([r[4] for r in rows], pa.int64()), "row": list(range(len(rows)))})
+    for t in (table(rows), pa.concat_tables([table(rows[:700]), table(rows[700:])]),
+              table(rows + [("ks_z", "renamed", "id-2", b"a", 0)])):       # id-2 names two tables: the fallback
+        by_group = [(c, "ascending") for c in GROUP_ORDER]
+        assert np.array_equal(np.asarray(_partition_order(t)), pc.sort_indices(t, sort_keys=by_group).to_numpy())
+        events = t.rename_columns(["t_keyspace", "t_name", "table_id", "partition_key", "token", "idx"])
+        events = events.set_column(5, "idx", pa.array([rnd.randrange(3) for _ in range(t.num_rows)], pa.int32()))
+        by_event = [(c, "ascending") for c in EVENT_ORDER]
+        assert np.array_equal(np.asarray(_partition_order(events, EVENT_ORDER)),
+                              pc.sort_indices(events, sort_keys=by_event).to_numpy())
+    for tids in (["b", "b", "a", "c", "c"], ["b", "a", "b"]):
+        rows = pa.table({"table_id": tids, "row": list(range(len(tids)))})
+        assert [(tid, part.column("row").to_pylist()) for tid, part in _table_runs(rows)] == \
+            [(tid, [i for i, x in enumerate(tids) if x == tid]) for tid in dict.fromkeys(tids)]

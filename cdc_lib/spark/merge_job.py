@@ -368,7 +368,9 @@ def _reconcile(schema, root: str, storage_options: dict, app_id: str, versions: 
     def compiled_rows(store, table, tid: str, rows: pa.Table) -> pa.Table:
         """OUT_SCHEMA rows of one table's partitions in a chunk, by the compiled engine (Arrow only)."""
         sweep = pc.equal(rows.column("kind"), SWEEP_KIND)
-        cells = rows.filter(pc.invert(sweep)).select(cell_names)
+        cells = rows.select(cell_names)
+        if pc.any(sweep).as_py():       # a copy of the chunk only where marker rows are to be left out
+            cells = cells.filter(pc.invert(sweep))
         with_records = pc.unique(cells.column("partition_key"))
         marked = pc.unique(rows.filter(sweep).column("partition_key"))
         expiring = marked.filter(pc.invert(pc.is_in(marked, value_set=with_records))).to_pylist()
@@ -393,12 +395,10 @@ def _reconcile(schema, root: str, storage_options: dict, app_id: str, versions: 
     def flush(store, chunk: list) -> list:
         """OUT_SCHEMA batches of a chunk (input batches holding whole partitions), tables in publish order."""
         rows = pa.Table.from_batches(chunk)
-        tids = rows.column("table_id")
         compiled = native_state.enabled() and create_op == OP_CREATE
         out = []
-        for tid in pc.unique(tids).to_pylist():          # in order of appearance: publish order
+        for tid, mine in _table_runs(rows):          # in order of appearance: publish order
             table = schema.get(uuid.UUID(tid))
-            mine = rows.filter(pc.equal(tids, tid))
             if compiled and tid not in read_times:
                 out += compiled_rows(store, table, tid, mine).to_batches()
             else:
@@ -435,6 +435,23 @@ def _engine_threads() -> Optional[int]:
         if TaskContext.get() is not None:
             return 1
     return None
+
+
+def _table_runs(rows: pa.Table):
+    """(table id, its rows) of each table in ``rows``, in order of appearance. The rows come sorted by
+    ``GROUP_ORDER``, so each table's rows are one run: a slice, no copy (else, one filter per table)."""
+    tids = rows.column("table_id")
+    if not len(tids):
+        return
+    changes = pc.not_equal(tids.slice(1), tids.slice(0, len(tids) - 1)).to_numpy(zero_copy_only=False)
+    starts = np.concatenate([[0], np.flatnonzero(changes) + 1, [len(tids)]])
+    names = [tids[int(i)].as_py() for i in starts[:-1]]
+    if len(set(names)) == len(names):
+        for tid, start, end in zip(names, starts[:-1], starts[1:]):
+            yield tid, rows.slice(int(start), int(end - start))
+    else:
+        for tid in pc.unique(tids).to_pylist():
+            yield tid, rows.filter(pc.equal(tids, tid))
 
 
 def _partition_starts(b: pa.RecordBatch, last: Optional[tuple]):
@@ -732,6 +749,31 @@ def _source_table(paths: list) -> pa.RecordBatch:
     return pa.RecordBatch.from_pydict({"source": paths}, schema=pa.schema([("source", pa.string())]))
 
 
+def _partition_order(table: pa.Table, order=GROUP_ORDER):
+    """The indices that sort ``table`` by ``order`` (``GROUP_ORDER``, or ``EVENT_ORDER``: a table's keyspace, name
+    and id, then token, partition key and, for events, their index), equal rows in their order: what Arrow's stable
+    ``pc.sort_indices`` gives, computed as a numpy ``lexsort`` of integer keys (the table's rank by keyspace, name
+    and id; the token; the partition key's rank among the distinct keys; the index), several times faster than
+    comparing strings and bytes row by row. Falls back to ``pc.sort_indices`` where a table id names more than
+    one keyspace and table, or a key column holds nulls."""
+    by = [(c, "ascending") for c in order]
+    keyspace, name, table_id, token, partition_key, *rest = order
+    if not table.num_rows or any(table.column(c).null_count for c in order):
+        return pc.sort_indices(table, sort_keys=by)
+    names = table.select([keyspace, name, table_id])
+    tables = names.group_by(names.column_names, use_threads=False).aggregate([]).sort_by(by[:3])
+    ids = tables.column(table_id)
+    if len(pc.unique(ids)) != len(ids):
+        return pc.sort_indices(table, sort_keys=by)
+    table_rank = pc.index_in(table.column(table_id), value_set=ids).to_numpy()
+    keys = table.column(partition_key)
+    distinct = pc.unique(keys)
+    distinct = distinct.take(pc.sort_indices(distinct))
+    key_rank = pc.index_in(keys, value_set=distinct).to_numpy()
+    columns = [table_rank, table.column(token).to_numpy(), key_rank] + [table.column(c).to_numpy() for c in rest]
+    return np.lexsort(columns[::-1])        # stable; lexsort's last key is the first
+
+
 def _run_in_driver(paths: list, marks: list, *, parse, reconcile, timings: dict, parallelism: int = 1):
     """Steps 1-3 in this process with the same executor functions, for a small batch; ``parallelism`` sources
     are read at once (threads: for token ranges, which wait on Cassandra).
@@ -770,12 +812,23 @@ def _run_in_driver(paths: list, marks: list, *, parse, reconcile, timings: dict,
             parts.append(pa.Table.from_pylist(marks, schema=cell_schema))
         table = pa.concat_tables(parts) if parts else cell_schema.empty_table()
         del parts, cells[:]     # the sorted copy is all that is needed from here on
-        table = table.sort_by([(c, "ascending") for c in GROUP_ORDER])
+        table = table.take(_partition_order(table))
     with _timed(timings, "reconcile"):
         out = pa.Table.from_batches(list(reconcile(iter(table.to_batches()))), schema=OUT_SCHEMA)
     with _timed(timings, "sort_events"):
         kind = out.column("out_kind")
-        events = out.filter(pc.equal(kind, "event")).sort_by(
-            [(c, "ascending") for c in EVENT_ORDER]).select(list(EVENT_COLUMNS))
+        is_event = pc.equal(kind, "event")
+        # Reconcile emits its events in publish order already (chunks and tables in GROUP_ORDER): sorted by their
+        # sort keys alone, and then, when that order holds, the runs of event rows between the state rows are sliced
+        # out (the events' JSON is most of the batch's bytes: no copy of it).
+        rows = np.flatnonzero(is_event.to_numpy(zero_copy_only=False))
+        order = rows[_partition_order(out.select(list(EVENT_ORDER)).take(rows), EVENT_ORDER)]
+        events = out.select(list(EVENT_COLUMNS))
+        if np.array_equal(order, rows):
+            ends = np.flatnonzero(np.diff(rows) != 1) + 1
+            events = pa.concat_tables([events.slice(int(run[0]), len(run)) for run in np.split(rows, ends) if len(run)]
+                                      or [events.schema.empty_table()])
+        else:
+            events = events.take(order)
         states = out.filter(pc.equal(kind, "state"))
     return damaged, loaded, events, states
