@@ -112,6 +112,21 @@ def test_list_is_a_key_prefix_and_sorted(store):
     assert store.list() == sorted(store.list("incoming/") + ["checkpoints/main.json"])
 
 
+def test_listing_tells_sizes_and_which_objects_are_complete(store):
+    """One listing says what claim needs of each object: its size, and when its sidecar was written, the time
+    ``committed_at`` reads (None for an object without a sidecar: an upload not finished)."""
+    store.put_bytes("incoming/a/complete", b"12345", checksum=sha256_bytes(b"12345"))
+    store.put_bytes("incoming/a/cut-short", b"123")
+    store.put_bytes("other/x", b"1", checksum=sha256_bytes(b"1"))
+    listed = store.listing("incoming/")
+    assert list(listed) == store.list("incoming/") == ["incoming/a/complete", "incoming/a/cut-short"]
+    assert (listed["incoming/a/complete"].size, listed["incoming/a/cut-short"].size) == (5, 3)
+    assert listed["incoming/a/complete"].committed_at == pytest.approx(store.committed_at("incoming/a/complete"))
+    assert listed["incoming/a/cut-short"].committed_at is None
+    assert store.sidecar("incoming/a/complete")[0] == sha256_bytes(b"12345")
+    assert store.sidecar("incoming/a/cut-short") == (None, {})
+
+
 def test_missing_objects_raise_object_not_found(store):
     with pytest.raises(ObjectNotFound):
         store.get_bytes("incoming/c/n/" + SEG)

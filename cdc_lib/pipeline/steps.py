@@ -70,10 +70,10 @@ LOADS = ("cql", "sstables")      # backfill modes whose batches load live data (
 # ------------------------------------------------------------------------------------------------ 1. claim
 
 
-def _candidates(store: ObjectStore, config: PipelineConfig, incoming: list[str]) -> tuple[list, int]:
-    """Complete segments of this cluster among the ``incoming/`` keys, in claim order: per-node rank first, so
-    no node waits behind another. With ``local_datacenter``, segments of nodes in other datacenters are left out
-    (and left in ``incoming/``).
+def _candidates(store: ObjectStore, config: PipelineConfig, incoming: dict) -> tuple[list, int]:
+    """Complete segments of this cluster among the ``incoming/`` objects (``ObjectStore.listing``: key -> size and
+    sidecar time), in claim order: per-node rank first, so no node waits behind another. With
+    ``local_datacenter``, segments of nodes in other datacenters are left out (and left in ``incoming/``).
 
     Returns (segments, incomplete uploads seen, segments of other datacenters).
     """
@@ -92,12 +92,14 @@ def _candidates(store: ObjectStore, config: PipelineConfig, incoming: list[str])
         if node in other_dc:
             other_dc[node][1] += 1
             continue
-        info = store.info(key)
-        if info.checksum is None:
+        # The listing gave size and sidecar time: the sidecar's own bytes (checksum, attributes) are one read more.
+        checksum, attributes = store.sidecar(key) if incoming[key].committed_at is not None else (None, {})
+        if checksum is None:
             incomplete += 1       # an upload cut short, or still running: the next run sees it complete
             continue
-        seg = {"key": key, "node": node, "name": name, "size": info.size, "checksum": info.checksum}
-        closed_at = _closed_at(info.attributes.get(CLOSED_AT_ATTRIBUTE))
+        seg = {"key": key, "node": node, "name": name, "size": incoming[key].size, "checksum": checksum,
+               "shipped_at": incoming[key].committed_at}        # where the publish step's lag starts
+        closed_at = _closed_at(attributes.get(CLOSED_AT_ATTRIBUTE))
         if closed_at is not None:
             seg["closed_at"] = closed_at       # where the end-to-end lag starts (absent: an older agent shipped it)
         by_node.setdefault(node, []).append((seg_id, seg))
@@ -152,8 +154,8 @@ def claim(config: PipelineConfig, run_id: str = "", *, fault: Fault = no_fault,
     t0 = time.monotonic()
     check_run_settings(config)
     store = open_existing_store(config)
-    incoming = store.list(Layout.INCOMING + "/")
-    warnings, health = arrival_warnings(store, config, incoming, wall_clock)
+    incoming = store.listing(Layout.INCOMING + "/")
+    warnings, health = arrival_warnings(store, config, list(incoming), wall_clock)
     health["warnings"] = warnings
     ptr = read_pointer(store)
     seq = int(ptr.get("batch_seq", 0))
@@ -186,7 +188,6 @@ def claim(config: PipelineConfig, run_id: str = "", *, fault: Fault = no_fault,
         for seg in candidates:
             if chosen and (len(chosen) >= config.max_segments or size + seg["size"] > config.max_bytes):
                 break
-            seg["shipped_at"] = store.committed_at(seg["key"])    # where the publish step's lag starts
             chosen.append(seg)
             size += seg["size"]
     now = processing_time(config)

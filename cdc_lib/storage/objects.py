@@ -46,6 +46,15 @@ class ObjectInfo:
     attributes: dict[str, str] = field(default_factory=dict, compare=False)
 
 
+@dataclass(frozen=True)
+class Listed:
+    """An object as a listing shows it: ``size``, and ``committed_at``, when its sidecar was written (unix time by
+    the store's clock; None when it has no sidecar: an upload cut short or still running)."""
+
+    size: int
+    committed_at: float | None
+
+
 def sha256_file(path: str | Path) -> tuple[str, int]:
     """(sha256 hex, size) of a local file, read in 1 MiB chunks."""
     h = hashlib.sha256()
@@ -224,10 +233,9 @@ class ObjectStore:
         if self.local:
             return None
         try:
-            raw = self.fs.info(self._path(key)).get("ETag")
+            return _etag_of(self.fs.info(self._path(key)))
         except FileNotFoundError:
             return None
-        return raw.strip('"').lower() if isinstance(raw, str) else None
 
     # ------------------------------------------------------------------ public API
     def put_file(self, local_path: str | Path, key: str, *, checksum: str,
@@ -314,17 +322,21 @@ class ObjectStore:
             raise ObjectNotFound(f"no object {self.url_for(key)}") from None
 
     def _size(self, key: str) -> int:
+        return int(self._stat(key)["size"])
+
+    def _stat(self, key: str) -> dict:
+        """What the store says of ``key`` now (``size``; ``ETag`` on S3); ObjectNotFound if it is absent."""
         path = self._path(key)
         try:
             if self.local:
-                return os.stat(path).st_size
+                return {"size": os.stat(path).st_size}
             self._invalidate(path)
             info = self.fs.info(path)
         except FileNotFoundError:
             raise ObjectNotFound(f"no object {self.url_for(key)}") from None
         if info.get("type") == "directory":
             raise ObjectNotFound(f"{self.url_for(key)} is a prefix, not an object")
-        return int(info["size"])
+        return info
 
     def exists(self, key: str) -> bool:
         try:
@@ -332,6 +344,10 @@ class ObjectStore:
             return True
         except ObjectNotFound:
             return False
+
+    def sidecar(self, key: str) -> tuple[str | None, dict[str, str]]:
+        """(checksum, attributes) of ``key``'s sidecar; (None, {}) when it has none (not complete)."""
+        return self._read_sidecar(key)
 
     def info(self, key: str) -> ObjectInfo:
         """Size and sidecar checksum (None if the object has no sidecar). ObjectNotFound if absent."""
@@ -352,19 +368,39 @@ class ObjectStore:
 
     def list(self, prefix: str = "") -> list[str]:
         """Sorted keys starting with ``prefix`` (sidecars and in-flight temporaries excluded)."""
+        return sorted(key for key in self._listing(prefix, details=False)
+                      if not _is_hidden_name(key.rsplit("/", 1)[-1]))
+
+    def listing(self, prefix: str = "") -> dict[str, Listed]:
+        """``list`` with what one listing tells of each object: its size and when its sidecar was written (None:
+        no sidecar, not complete), without a request per object."""
+        found = self._listing(prefix, details=True)
+        return {key: Listed(size, found[key + CHECKSUM_SUFFIX][1] if key + CHECKSUM_SUFFIX in found else None)
+                for key, (size, _) in sorted(found.items()) if not _is_hidden_name(key.rsplit("/", 1)[-1])}
+
+    def _listing(self, prefix: str, *, details: bool) -> dict[str, tuple[int, float]]:
+        """{key: (size, modified unix time)} of every file under ``prefix``, sidecars and temporaries included;
+        without ``details`` a local store reads no file's metadata (both are then 0)."""
         if prefix.startswith("/") or ".." in prefix.split("/"):
             raise StorageError(f"bad prefix {prefix!r}")
         base = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
-        keys: list[str] = []
+        out: dict[str, tuple[int, float]] = {}
         if self.local:
             top = os.path.join(self.root, *base.split("/")) if base else self.root
             for dirpath, _dirs, files in os.walk(top):
                 for name in files:
-                    if _is_hidden_name(name):
+                    path = os.path.join(dirpath, name)
+                    key = self._key_of(path)
+                    if not key.startswith(prefix):
                         continue
-                    key = self._key_of(os.path.join(dirpath, name))
-                    if key.startswith(prefix):
-                        keys.append(key)
+                    if not details:
+                        out[key] = (0, 0.0)
+                        continue
+                    try:
+                        st = os.stat(path)
+                    except FileNotFoundError:
+                        continue        # removed since the walk listed it
+                    out[key] = (st.st_size, st.st_mtime)
         else:
             top = f"{self.root}/{base}" if base else self.root
             self._invalidate(top)
@@ -374,12 +410,12 @@ class ObjectStore:
                 found = {}
             for path, meta in found.items():
                 # s3fs reports an empty "directory" (S3 has none; some servers keep markers) as an entry
-                if meta.get("type") == "directory" or _is_hidden_name(path.rsplit("/", 1)[-1]):
+                if meta.get("type") == "directory":
                     continue
                 key = self._key_of(path)
                 if key and key.startswith(prefix):
-                    keys.append(key)
-        return sorted(keys)
+                    out[key] = (int(meta.get("size") or 0), _modified(meta))
+        return out
 
     def delete(self, key: str) -> None:
         """Remove ``key`` and its sidecar (sidecar first, so the object is never seen complete but partial)."""
@@ -433,12 +469,13 @@ class ObjectStore:
             self._invalidate(d)
 
     def _verify_copy(self, src: str, dst: str, size: int, checksum: str) -> None:
-        got = self._size(dst)
+        stat = self._stat(dst)      # size and ETag in one request
+        got = int(stat["size"])
         if got != size:
             raise VerificationError(f"{self.url_for(dst)}: copied size {got}, source {size}")
         if self.local and os.path.samefile(self._path(src), self._path(dst)):
             return
-        src_etag, dst_etag = self._etag(src), self._etag(dst)
+        src_etag, dst_etag = self._etag(src), _etag_of(stat)
         if src_etag and src_etag == dst_etag and re.fullmatch(r"[0-9a-f]{32}", src_etag):
             return  # a server-side copy of a single-part object keeps its content MD5
         got_sha = self._remote_sha256(dst)
@@ -458,6 +495,24 @@ class ObjectStore:
 
     def __repr__(self) -> str:
         return f"ObjectStore({self.url!r})"
+
+
+def _etag_of(info: dict) -> str | None:
+    """The ETag in an object's info, unquoted and lower-case; None without one."""
+    raw = info.get("ETag")
+    return raw.strip('"').lower() if isinstance(raw, str) else None
+
+
+def _modified(meta: dict) -> float:
+    """Unix time of a listed object's last modification (S3's ``LastModified``; ``mtime`` or ``created``
+    elsewhere); 0.0 where the listing says nothing."""
+    value = meta.get("LastModified", meta.get("mtime", meta.get("created")))
+    if hasattr(value, "timestamp"):
+        return value.timestamp()
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return 0.0
 
 
 def _fsync_dir(path: str) -> None:
