@@ -322,6 +322,22 @@ def test_topics_are_created_with_partitions_replication_and_configs(kafka_broker
     assert got["cleanup.policy"].value == "compact" and got["min.compaction.lag.ms"].value == "1000"
 
 
+def test_a_refused_event_fails_the_batch_without_a_fault_hook(kafka_broker, tmp_path):
+    """Without a fault hook the producer reports failed deliveries only (``delivery.report.only.error``): an event
+    the broker refuses (larger than the topic's ``max.message.bytes``) still fails the batch, and nothing is marked
+    published."""
+    from cdc_lib.sinks.kafka import PublishError
+    prefix = "cdc" + uuid.uuid4().hex[:8]
+    batch = make_batch(prefix, n=6)
+    big = batch[3]
+    batch[3] = OutboxEvent(big.event_id, big.topic, big.key, b"x" * 20_000, big.seq)
+    pub = KafkaPublisher(kafka_broker, LocalLedgerStore(tmp_path), topic_config={"max.message.bytes": "5000"},
+                         timeout_s=10)
+    with pytest.raises(PublishError, match="delivery failed|not acknowledged"):
+        pub.publish_batch("seg-1", batch)
+    assert not pub.is_published("seg-1")
+
+
 # A topic the broker compacts as soon as it can: every append after 100 ms rolls the log, and the cleaner (which looks
 # every second on the test broker) takes any log with a closed segment.
 FAST_COMPACTION = {"cleanup.policy": "compact", "segment.ms": "100", "min.cleanable.dirty.ratio": "0.01"}
