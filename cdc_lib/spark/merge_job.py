@@ -822,7 +822,7 @@ def _run_in_driver(paths: list, marks: list, *, parse, reconcile, timings: dict,
         # sort keys alone, and then, when that order holds, the runs of event rows between the state rows are sliced
         # out (the events' JSON is most of the batch's bytes: no copy of it).
         rows = np.flatnonzero(is_event.to_numpy(zero_copy_only=False))
-        order = rows[_partition_order(out.select(list(EVENT_ORDER)).take(rows), EVENT_ORDER)]
+        order = rows[np.asarray(_partition_order(out.select(list(EVENT_ORDER)).take(rows), EVENT_ORDER))]
         events = out.select(list(EVENT_COLUMNS))
         if np.array_equal(order, rows):
             ends = np.flatnonzero(np.diff(rows) != 1) + 1
