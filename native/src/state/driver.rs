@@ -471,18 +471,32 @@ pub fn process_table(t: &mut Table, cell_log: &[Col], stored: &Col, expiring: &[
     let t: &Table = t;
     let ctx = EventCtx { cluster: s.cluster, node: "", ts_ms: s.now * 1000 };
     let em = Emitter { t, ctx: &ctx };
-    // partitions are independent: contiguous runs of them on `threads` threads, outputs joined in order
+    // partitions are independent: contiguous runs of them, which `threads` threads take in turn (a thread the
+    // machine slows down takes fewer), outputs joined in order
     let threads = s.threads.clamp(1, order.len().max(1));
-    let per = order.len().div_ceil(threads).max(1);
-    let runs: Vec<Result<Run, String>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = order.chunks(per).enumerate()
-            .map(|(i, part)| {
-                let (em, stored, sorted, log) = (&em, &stored, &sorted, &log);
-                scope.spawn(move || process_run(em, stored, log, sorted, part, i * per, s))
+    let per = if threads == 1 { order.len().max(1) } else { order.len().div_ceil(threads * 8).max(4096) };
+    let chunks: Vec<&[Part]> = order.chunks(per).collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut runs: Vec<(usize, Result<Run, String>)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads.min(chunks.len()))
+            .map(|_| {
+                let (em, stored, sorted, log, chunks, next) = (&em, &stored, &sorted, &log, &chunks, &next);
+                scope.spawn(move || {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if i >= chunks.len() {
+                            return mine;
+                        }
+                        mine.push((i, process_run(em, stored, log, sorted, chunks[i], i * per, s)));
+                    }
+                })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().expect("a state engine thread panicked")).collect()
+        handles.into_iter().flat_map(|h| h.join().expect("a state engine thread panicked")).collect()
     });
+    runs.sort_by_key(|r| r.0);
+    let runs = runs.into_iter().map(|r| r.1);
     let mut runs = runs.into_iter().collect::<Result<Vec<Run>, String>>()?;
     if runs.iter_mut().any(|r| r.overflowed()) {
         return Err("a batch too large for 32-bit Arrow offsets".into());
@@ -490,7 +504,7 @@ pub fn process_table(t: &mut Table, cell_log: &[Col], stored: &Col, expiring: &[
     Ok(Output { keys: order.iter().map(|p| (p.pk.to_vec(), p.token)).collect(), runs })
 }
 
-/// What one thread made of a contiguous run of partitions: its outputs are one chunk of the batch's (Python
+/// What a thread made of a contiguous run of partitions: its outputs are one chunk of the batch's (Python
 /// joins them as Arrow chunks, without a copy).
 pub struct Run {
     /// indexes into `Output::keys` of the partitions left to the Python engine
@@ -550,7 +564,15 @@ fn process_run(em: &Emitter, stored: &Stored, log: &CellLog, sorted: &[Rid], ord
     let mut events: Vec<Event> = Vec::new();
     let mut recs: Vec<Rec> = Vec::new();
     let mut kept: Vec<Rid> = Vec::new();
+    // the state columns are sized once from what the first partitions wrote (a sample large enough to be typical)
+    let sample = (order.len() / 32).max(1024);
     for (i, part) in order.iter().enumerate() {
+        if i == sample {
+            let factor = (order.len() - i) as f64 / i as f64 * 1.1;
+            for o in out.state.columns_mut() {
+                o.reserve_scaled(factor);
+            }
+        }
         let (pk, token) = (part.pk, part.token);
         let idx = first + i;
         recs.clear();

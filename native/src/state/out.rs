@@ -236,6 +236,59 @@ impl Out {
         }
     }
 
+    /// Room for `factor` times what the column holds now, more (children and data bytes alike): a run's columns
+    /// sized from its first partitions, instead of growing by doubling, which copies every buffer and touches
+    /// fresh pages again at each step.
+    pub fn reserve_scaled(&mut self, factor: f64) {
+        let more = |n: usize| (n as f64 * factor) as usize;
+        match self {
+            Out::Var { offsets, data, valid } => {
+                offsets.reserve(more(valid.len));
+                data.reserve(more(data.len()));
+                valid.reserve(more(valid.len));
+            }
+            Out::I8 { v, valid } => {
+                v.reserve(more(v.len()));
+                valid.reserve(more(valid.len));
+            }
+            Out::I16 { v, valid } => {
+                v.reserve(more(v.len()));
+                valid.reserve(more(valid.len));
+            }
+            Out::I32 { v, valid } => {
+                v.reserve(more(v.len()));
+                valid.reserve(more(valid.len));
+            }
+            Out::I64 { v, valid } => {
+                v.reserve(more(v.len()));
+                valid.reserve(more(valid.len));
+            }
+            Out::F32 { v, valid } => {
+                v.reserve(more(v.len()));
+                valid.reserve(more(valid.len));
+            }
+            Out::F64 { v, valid } => {
+                v.reserve(more(v.len()));
+                valid.reserve(more(valid.len));
+            }
+            Out::Bool { v, valid } => {
+                v.reserve(more(v.len));
+                valid.reserve(more(valid.len));
+            }
+            Out::List { offsets, valid, child } => {
+                offsets.reserve(more(valid.len));
+                valid.reserve(more(valid.len));
+                child.reserve_scaled(factor);
+            }
+            Out::Struct { valid, children } => {
+                valid.reserve(more(valid.len));
+                for c in children.iter_mut() {
+                    c.reserve_scaled(factor);
+                }
+            }
+        }
+    }
+
     /// Whether a 32-bit offset overflowed (the caller then hands the table to the Python engine).
     pub fn overflowed(&self) -> bool {
         match self {
