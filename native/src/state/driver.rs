@@ -6,40 +6,12 @@
 use std::collections::BTreeMap;
 
 use super::arrow_in::Col;
-use super::engine::{self, Cell, Complex, EventCtx, Emitter, Event, Kind, PartitionState, Rec, RowState};
-use super::out::{Out, StateRows};
+use super::engine::{self, Cell, Complex, EventCtx, Emitter, Kind, PartitionState, Rec, RowState};
+use super::out::{Events, StateRows};
 use super::table::Table;
 use crate::fxhash::FxMap;
 use super::types::D;
 
-
-/// The events of the partitions the engine processed, in publish order (`partition` indexes `Batch::keys`).
-pub struct Events {
-    pub partition: Vec<i32>,
-    pub event_id: Out,
-    pub op: Out,
-    pub key_json: Out,
-    pub event_json: Out,
-    pub ts_us: Vec<i64>,
-}
-
-impl Events {
-    /// Room for about `n` events (one per change is the common case).
-    fn with_capacity(n: usize) -> Events {
-        Events { partition: Vec::with_capacity(n), event_id: Out::var_with_capacity(n, 32 * n),
-                 op: Out::var_with_capacity(n, n), key_json: Out::var_with_capacity(n, 64 * n),
-                 event_json: Out::var_with_capacity(n, 1024 * n), ts_us: Vec::with_capacity(n) }
-    }
-
-    fn push(&mut self, partition: usize, e: &Event) {
-        self.partition.push(partition as i32);
-        self.event_id.bytes(e.event_id.as_bytes());
-        self.op.bytes(&[e.op]);
-        self.key_json.bytes(e.key_json.as_bytes());
-        self.event_json.bytes(e.event_json.as_bytes());
-        self.ts_us.push(e.ts_us);
-    }
-}
 
 pub struct Output {
     /// every partition of the batch, in publish order: (partition key, token)
@@ -405,7 +377,7 @@ fn truncate(s: &mut StateRows, to: &(usize, Vec<usize>)) {
 
 /// `process_partition` for one partition: the events, the new state, whether it must be written back.
 fn process_partition(em: &Emitter, pk: &[u8], recs: &[Rec], prior: Option<&PartitionState>, s: &Settings,
-                     events: &mut Vec<Event>) -> D<(PartitionState, bool)> {
+                     events: &mut Events) -> D<(PartitionState, bool)> {
     let mut state = prior.cloned().unwrap_or_default();
     let mut swept = false;
     if let (Some(prev), Some(_)) = (s.prev_now, prior) {
@@ -561,7 +533,6 @@ fn process_run(em: &Emitter, stored: &Stored, log: &CellLog, sorted: &[Rid], ord
     let t = em.t;
     let mut out = Run { doubted: Vec::new(), events: Events::with_capacity(order.len()), state: StateRows::new(t),
                         changed: 0 };
-    let mut events: Vec<Event> = Vec::new();
     let mut recs: Vec<Rec> = Vec::new();
     let mut kept: Vec<Rid> = Vec::new();
     // the state columns are sized once from what the first partitions wrote (a sample large enough to be typical)
@@ -590,23 +561,20 @@ fn process_run(em: &Emitter, stored: &Stored, log: &CellLog, sorted: &[Rid], ord
         }
         let prior_state = stored.partition(t, pk)?;
         let prior = prior_state.as_ref();
-        events.clear();
         let mark = lengths(&mut out.state);
-        let done = process_partition(em, pk, &recs, prior, s, &mut events).and_then(|(state, changed)| {
+        let events_mark = out.events.len();
+        out.events.current = idx as i32;
+        let done = process_partition(em, pk, &recs, prior, s, &mut out.events).and_then(|(state, changed)| {
             if changed {
                 out.state.change_rows(t, pk, token, prior, &state, s.now, s.batch_seq)?;
             }
             Ok(changed)
         });
         match done {
-            Ok(changed) => {
-                out.changed += changed as usize;
-                for e in &events {
-                    out.events.push(idx, e);
-                }
-            }
+            Ok(changed) => out.changed += changed as usize,
             Err(_) => {
                 truncate(&mut out.state, &mark);
+                out.events.truncate(events_mark);
                 out.doubted.push(idx);
             }
         }
