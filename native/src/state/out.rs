@@ -264,36 +264,22 @@ impl Out {
     /// fresh pages again at each step.
     pub fn reserve_scaled(&mut self, factor: f64) {
         let more = |n: usize| (n as f64 * factor) as usize;
+        fn values<T>(v: &mut Vec<T>, valid: &mut Bits, more: impl Fn(usize) -> usize) {
+            v.reserve(more(v.len()));
+            valid.reserve(more(valid.len));
+        }
         match self {
             Out::Var { offsets, data, valid } => {
                 offsets.reserve(more(valid.len));
                 data.reserve(more(data.len()));
                 valid.reserve(more(valid.len));
             }
-            Out::I8 { v, valid } => {
-                v.reserve(more(v.len()));
-                valid.reserve(more(valid.len));
-            }
-            Out::I16 { v, valid } => {
-                v.reserve(more(v.len()));
-                valid.reserve(more(valid.len));
-            }
-            Out::I32 { v, valid } => {
-                v.reserve(more(v.len()));
-                valid.reserve(more(valid.len));
-            }
-            Out::I64 { v, valid } => {
-                v.reserve(more(v.len()));
-                valid.reserve(more(valid.len));
-            }
-            Out::F32 { v, valid } => {
-                v.reserve(more(v.len()));
-                valid.reserve(more(valid.len));
-            }
-            Out::F64 { v, valid } => {
-                v.reserve(more(v.len()));
-                valid.reserve(more(valid.len));
-            }
+            Out::I8 { v, valid } => values(v, valid, more),
+            Out::I16 { v, valid } => values(v, valid, more),
+            Out::I32 { v, valid } => values(v, valid, more),
+            Out::I64 { v, valid } => values(v, valid, more),
+            Out::F32 { v, valid } => values(v, valid, more),
+            Out::F64 { v, valid } => values(v, valid, more),
             Out::Bool { v, valid } => {
                 v.reserve(more(v.len));
                 valid.reserve(more(valid.len));
