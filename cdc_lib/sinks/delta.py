@@ -979,10 +979,12 @@ def table_outputs(table, cell_log: pa.Table, stored: pa.Table, now: int, *, prev
 def _run_store_batch_native(store, schema, cell_log_batches, *, batch_id, batch_seq, now, prev_now, cluster):
     log_table = pa.Table.from_batches(list(cell_log_batches), schema=CELL_LOG_SCHEMA)
     sweeping = prev_now is not None and now > prev_now
-    tables = batch_tables(schema, pc.unique(log_table.column("table_id")).to_pylist(), sweeping)
+    table_ids = pc.unique(log_table.column("table_id")).to_pylist()
+    tables = batch_tables(schema, table_ids, sweeping)
     outbox, sources = [], []
     for tid, table in sorted(tables.items(), key=lambda kv: table_order(kv[1])):
-        cells = log_table.filter(pc.equal(log_table.column("table_id"), tid))
+        # a batch of one table's records is that table's cell log as it is (a filter would copy every column)
+        cells = log_table if table_ids == [tid] else log_table.filter(pc.equal(log_table.column("table_id"), tid))
         keys = pc.unique(cells.column("partition_key"))
         tokens = pc.unique(cells.column("token"))
         expiring = []
@@ -1001,7 +1003,7 @@ def _run_store_batch_native(store, schema, cell_log_batches, *, batch_id, batch_
     # the outbox first, then the state tables: as the Python path (a rerun after a crash between them finds the
     # outbox committed and completes the states)
     rows = pa.concat_tables(outbox) if outbox else OUTBOX_SCHEMA.empty_table()
-    rows = rows.set_column(rows.schema.get_field_index("seq"), "seq", pa.array(range(rows.num_rows), pa.int64()))
+    rows = rows.set_column(rows.schema.get_field_index("seq"), "seq", pa.array(np.arange(rows.num_rows, dtype=np.int64)))
     written = store.write_outbox(batch_seq, rows, batch_id)
     counts = {}
     for table, source, changed in sources:
@@ -1013,8 +1015,21 @@ def _run_store_batch_native(store, schema, cell_log_batches, *, batch_id, batch_
 def _outbox_columns(table, events: pa.Table, batch_id: str, batch_seq: int, now: int) -> pa.Table:
     """``OUTBOX_SCHEMA`` rows of one table's events (``seq`` is numbered over the whole batch later)."""
     n = events.num_rows
-    const = {"batch_id": pa.array([batch_id] * n, pa.string()), "batch_seq": pa.array([batch_seq] * n, pa.int64()),
-             "seq": pa.array([0] * n, pa.int64()), "keyspace": pa.array([table.keyspace] * n, pa.string()),
-             "table": pa.array([table.name] * n, pa.string()), "ts_ms": pa.array([now * 1000] * n, pa.int64())}
+    const = {"batch_id": _repeated_string(batch_id, n), "batch_seq": _repeated_int64(batch_seq, n),
+             "seq": _repeated_int64(0, n), "keyspace": _repeated_string(table.keyspace, n),
+             "table": _repeated_string(table.name, n), "ts_ms": _repeated_int64(now * 1000, n)}
     return pa.table({f.name: const[f.name] if f.name in const else events.column(f.name) for f in OUTBOX_SCHEMA},
                     schema=OUTBOX_SCHEMA)
+
+
+def _repeated_string(value: str, n: int) -> pa.Array:
+    """``n`` times ``value``, built from its buffers (no Python object per row)."""
+    b = value.encode()
+    if len(b) * n > np.iinfo(np.int32).max:       # beyond 32-bit offsets: Arrow's own (slower) repeat
+        return pa.repeat(pa.scalar(value, pa.string()), n)
+    offsets = np.arange(n + 1, dtype=np.int32) * np.int32(len(b))
+    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(b * n)])
+
+
+def _repeated_int64(value: int, n: int) -> pa.Array:
+    return pa.array(np.full(n, value, np.int64))

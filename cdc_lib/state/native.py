@@ -124,12 +124,13 @@ def process_table(table, cell_log, stored: pa.Table, now: int, *, state_schema: 
     many threads the partitions are spread over (default: every core this process may use; a Spark task, which
     shares the cores with its sibling tasks, passes 1). The GIL is released meanwhile.
     """
-    log = _one_batch(cell_log, CELL_LOG_SCHEMA)
+    log = _as_table(cell_log, CELL_LOG_SCHEMA)
     st = _one_batch(stored.select(STATE_SCHEMA.names), STATE_SCHEMA)
     expiring = list(expiring)
     try:
-        out = compiled_module().process_table(table_desc(table), log, st, expiring, now, prev_now, batch_seq, cluster,
-                                    threads or default_threads())
+        # the cell log's batches as they are: joining them would copy every column first
+        out = compiled_module().process_table(table_desc(table), log.to_batches(), st, expiring, now, prev_now,
+                                              batch_seq, cluster, threads or default_threads())
     except ValueError as e:
         raise NotCompiled(f"{table.qualified_name}: {e}") from e
     keys = _array(out["keys"], pa.binary())
@@ -159,7 +160,7 @@ def process_table(table, cell_log, stored: pa.Table, now: int, *, state_schema: 
 def python_table(table, cell_log, stored: pa.Table, now: int, *, prev_now: Optional[int] = None,
                  expiring: Iterable[bytes] = (), cluster: str = "") -> TableBatch:
     """``process_table``'s answer from the Python engine alone (every partition in ``TableBatch.python``)."""
-    log = _one_batch(cell_log, CELL_LOG_SCHEMA)
+    log = _as_table(cell_log, CELL_LOG_SCHEMA)
     st = _one_batch(stored.select(STATE_SCHEMA.names), STATE_SCHEMA)
     tokens = dict(zip(log.column("partition_key").to_pylist(), log.column("token").to_pylist()))
     for pk in expiring:
@@ -172,14 +173,17 @@ def python_table(table, cell_log, stored: pa.Table, now: int, *, prev_now: Optio
     return result
 
 
-def _one_batch(data, schema: pa.Schema) -> pa.RecordBatch:
+def _as_table(data, schema: pa.Schema) -> pa.Table:
     t = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
-    if t.schema != schema:
-        t = t.cast(schema)
+    return t if t.schema == schema else t.cast(schema)
+
+
+def _one_batch(data, schema: pa.Schema) -> pa.RecordBatch:
+    t = _as_table(data, schema)
     return t.combine_chunks().to_batches()[0] if t.num_rows else pa.RecordBatch.from_pylist([], schema=schema)
 
 
-def _python_partitions(table, log: pa.RecordBatch, stored: pa.RecordBatch, keys: list, indexes: list, now: int,
+def _python_partitions(table, log: pa.Table, stored: pa.RecordBatch, keys: list, indexes: list, now: int,
                        prev_now: Optional[int], cluster: str) -> dict:
     """The Python engine's results for the partitions the compiled one doubted."""
     wanted = pa.array([k for k, _ in keys], pa.binary())

@@ -31,6 +31,10 @@ impl Bits {
             self.bytes[last] &= (1u8 << (n % 8)) - 1;
         }
     }
+    /// Room for `n` more bits.
+    pub fn reserve(&mut self, n: usize) {
+        self.bytes.reserve((self.len + n).div_ceil(8).saturating_sub(self.bytes.len()));
+    }
     pub fn zeros(n: usize) -> Bits {
         Bits { bytes: vec![0; n.div_ceil(8)], len: n }
     }

@@ -136,7 +136,7 @@ fn slice_of(b: &PyBuffer<u8>) -> &[u8] {
 
 /// What `cdc_lib` expects of this module: bumped whenever a class or function changes, so that a module built
 /// from older sources is not used by newer Python code (`cdc_lib.celllog.native`).
-const API: u32 = 2;
+const API: u32 = 3;
 
 const EV_END: u8 = 0;
 const EV_BATCH: u8 = 1;
@@ -530,10 +530,12 @@ fn process_table<'py>(py: Python<'py>, table_desc: &Bound<'py, PyAny>, cell_log:
                       stored: &Bound<'py, PyAny>, expiring: Vec<Vec<u8>>, now: i64, prev_now: Option<i64>,
                       batch_seq: i64, cluster: &str, threads: usize) -> PyResult<Bound<'py, PyDict>> {
     let mut table = table_from_desc(table_desc)?;
-    let log = import_array(cell_log)?;
+    // the cell log's record batches, read where they are (their capsules live until the end of the call)
+    let log = cell_log.try_iter()?.map(|b| import_array(&b?)).collect::<PyResult<Vec<_>>>()?;
+    let log_cols: Vec<Col> = log.iter().map(|e| e.col.clone()).collect();
     let st = import_array(stored)?;
     let settings = state::driver::Settings { threads, now, prev_now, batch_seq, cluster };
-    let (log_col, st_col) = (&log.col, &st.col);
+    let (log_col, st_col) = (&log_cols[..], &st.col);
     // the engine touches no Python object: other Python threads run meanwhile
     let out = py.detach(|| state::driver::process_table(&mut table, log_col, st_col, &expiring, &settings))
         .map_err(PyValueError::new_err)?;

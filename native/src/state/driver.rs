@@ -6,40 +6,12 @@
 use std::collections::BTreeMap;
 
 use super::arrow_in::Col;
-use super::engine::{self, Cell, Complex, EventCtx, Emitter, Event, Kind, PartitionState, Rec, RowState};
-use super::out::{Out, StateRows};
+use super::engine::{self, Cell, Complex, EventCtx, Emitter, Kind, PartitionState, Rec, RowState};
+use super::out::{Events, StateRows};
 use super::table::Table;
 use crate::fxhash::FxMap;
 use super::types::D;
 
-
-/// The events of the partitions the engine processed, in publish order (`partition` indexes `Batch::keys`).
-pub struct Events {
-    pub partition: Vec<i32>,
-    pub event_id: Out,
-    pub op: Out,
-    pub key_json: Out,
-    pub event_json: Out,
-    pub ts_us: Vec<i64>,
-}
-
-impl Events {
-    /// Room for about `n` events (one per change is the common case).
-    fn with_capacity(n: usize) -> Events {
-        Events { partition: Vec::with_capacity(n), event_id: Out::var_with_capacity(n, 32 * n),
-                 op: Out::var_with_capacity(n, n), key_json: Out::var_with_capacity(n, 64 * n),
-                 event_json: Out::var_with_capacity(n, 1024 * n), ts_us: Vec::with_capacity(n) }
-    }
-
-    fn push(&mut self, partition: usize, e: &Event) {
-        self.partition.push(partition as i32);
-        self.event_id.bytes(e.event_id.as_bytes());
-        self.op.bytes(&[e.op]);
-        self.key_json.bytes(e.key_json.as_bytes());
-        self.event_json.bytes(e.event_json.as_bytes());
-        self.ts_us.push(e.ts_us);
-    }
-}
 
 pub struct Output {
     /// every partition of the batch, in publish order: (partition key, token)
@@ -82,24 +54,103 @@ struct Identity<'a> {
 /// the identity's fields (two million records make a map of hundreds of megabytes otherwise).
 struct ByIdentity<'l, 'a> {
     log: &'l CellLog<'a>,
-    i: usize,
+    r: Rid,
 }
 
 impl std::hash::Hash for ByIdentity<'_, '_> {
     fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
-        self.log.identity(self.i).hash(h)
+        self.log.identity(self.r).hash(h)
     }
 }
 
 impl PartialEq for ByIdentity<'_, '_> {
     fn eq(&self, o: &Self) -> bool {
-        self.log.identity(self.i) == o.log.identity(o.i)
+        self.log.identity(self.r) == o.log.identity(o.r)
     }
 }
 
 impl Eq for ByIdentity<'_, '_> {}
 
+/// A record's place in the cell log: its chunk (record batch) and row.
+#[derive(Clone, Copy)]
+struct Rid {
+    chunk: u32,
+    row: u32,
+}
+
+impl Rid {
+    /// As one number that orders records as the cell log does.
+    fn packed(self) -> u64 {
+        ((self.chunk as u64) << 32) | self.row as u64
+    }
+
+    fn unpack(x: u64) -> Rid {
+        Rid { chunk: (x >> 32) as u32, row: x as u32 }
+    }
+}
+
+/// One partition of the batch: its key, token and records (a range of the batch's records sorted by partition).
+struct Part<'a> {
+    pk: &'a [u8],
+    token: i64,
+    recs: std::ops::Range<usize>,
+}
+
+/// The cell log as the Python side hands it over: record batches read where they are, without joining them
+/// into one (a copy of every column, as long as the engine's own work on a large batch).
 struct CellLog<'a> {
+    chunks: Vec<LogChunk<'a>>,
+}
+
+impl<'a> CellLog<'a> {
+    fn new(chunks: &'a [Col]) -> Result<CellLog<'a>, String> {
+        Ok(CellLog { chunks: chunks.iter().map(LogChunk::new).collect::<Result<_, _>>()? })
+    }
+
+    /// Every record, in order.
+    fn rids(&self) -> impl Iterator<Item = Rid> + '_ {
+        self.chunks.iter().enumerate().flat_map(|(c, ch)| (0..ch.pk.len as u32).map(move |row| Rid { chunk: c as u32, row }))
+    }
+
+    #[inline]
+    fn at(&self, r: Rid) -> (&LogChunk<'a>, usize) {
+        (&self.chunks[r.chunk as usize], r.row as usize)
+    }
+
+    fn identity(&self, r: Rid) -> Identity<'a> {
+        let (c, i) = self.at(r);
+        c.identity(i)
+    }
+
+    fn source_key(&self, r: Rid) -> (i64, i64, &'a [u8], i32, i32) {
+        let (c, i) = self.at(r);
+        c.source_key(i)
+    }
+
+    fn pk(&self, r: Rid) -> &'a [u8] {
+        let (c, i) = self.at(r);
+        c.pk.bytes(i)
+    }
+
+    fn token(&self, r: Rid) -> i64 {
+        let (c, i) = self.at(r);
+        c.token.i64(i)
+    }
+
+    fn rec(&self, t: &Table, r: Rid) -> Option<Rec<'a>> {
+        let (c, i) = self.at(r);
+        c.rec(t, i)
+    }
+
+    fn intern(&self, t: &mut Table) {
+        for c in &self.chunks {
+            c.intern(t);
+        }
+    }
+}
+
+/// One record batch of the cell log.
+struct LogChunk<'a> {
     segment: &'a Col,
     segment_id: &'a Col,
     position: &'a Col,
@@ -122,14 +173,14 @@ struct CellLog<'a> {
     mid: &'a Col,
 }
 
-impl<'a> CellLog<'a> {
-    fn new(c: &'a Col) -> Result<CellLog<'a>, String> {
+impl<'a> LogChunk<'a> {
+    fn new(c: &'a Col) -> Result<LogChunk<'a>, String> {
         let f = |name: &str, format: &str| -> Result<&'a Col, String> {
             let col = c.child(name)?;
             col.expect(format)?;
             Ok(col)
         };
-        Ok(CellLog {
+        Ok(LogChunk {
             segment: f("segment", "u")?, segment_id: f("segment_id", "l")?, position: f("position", "l")?,
             entry_index: f("entry_index", "i")?, seq: f("seq", "i")?, pk: f("partition_key", "z")?,
             token: f("token", "l")?, clustering: f("clustering", "z")?, clustering_end: f("clustering_end", "z")?,
@@ -207,8 +258,9 @@ struct Stored<'a> {
     cells: &'a Col,
     cdels: &'a Col,
     rts: &'a Col,
-    /// partition key -> its records
-    by_key: FxMap<&'a [u8], Vec<usize>>,
+    /// partition key -> its first and last record; `next` chains a partition's records (no list per partition)
+    by_key: FxMap<&'a [u8], (u32, u32)>,
+    next: Vec<u32>,
 }
 
 impl<'a> Stored<'a> {
@@ -224,7 +276,7 @@ impl<'a> Stored<'a> {
             lts: f("liveness_ts", "l")?, lttl: f("liveness_ttl", "i")?, lldt: f("liveness_ldt", "l")?,
             dts: f("deletion_ts", "l")?, dldt: f("deletion_ldt", "l")?, sts: f("shadowable_ts", "l")?,
             sldt: f("shadowable_ldt", "l")?, cells: f("cells", "+l")?, cdels: f("complex_deletions", "+l")?,
-            rts: f("range_tombstones", "+l")?, by_key: FxMap::default(),
+            rts: f("range_tombstones", "+l")?, by_key: FxMap::default(), next: Vec::new(),
         };
         let names = [s.cells.children[0].child("column")?, s.cdels.children[0].child("column")?];
         for col in names {
@@ -233,16 +285,24 @@ impl<'a> Stored<'a> {
                 t.col(col.bytes(j));
             }
         }
-        let mut by_key: FxMap<&'a [u8], Vec<usize>> = FxMap::default();
-        for i in 0..c.len {
-            by_key.entry(s.pk.bytes(i)).or_default().push(i);
+        let mut by_key: FxMap<&'a [u8], (u32, u32)> = FxMap::with_capacity_and_hasher(c.len, Default::default());
+        let mut next = vec![u32::MAX; c.len];
+        for i in 0..c.len as u32 {
+            by_key.entry(s.pk.bytes(i as usize))
+                .and_modify(|(_, last)| {
+                    next[*last as usize] = i;
+                    *last = i;
+                })
+                .or_insert((i, i));
         }
-        Ok(Stored { by_key, ..s })
+        Ok(Stored { by_key, next, ..s })
     }
 
     /// The stored state of one partition (None: not stored).
     fn partition(&self, t: &Table, pk: &[u8]) -> Result<Option<PartitionState>, String> {
-        let Some(rows) = self.by_key.get(pk) else { return Ok(None) };
+        let Some(&(first, _)) = self.by_key.get(pk) else { return Ok(None) };
+        let rows = std::iter::successors(Some(first), |&i| Some(self.next[i as usize])
+            .filter(|&j| j != u32::MAX)).map(|i| i as usize);
         let ce = &self.cells.children[0];
         let (c_col, c_path, c_value, c_ts, c_ttl, c_ldt, c_tomb) = (ce.child("column")?, ce.child("path")?,
             ce.child("value")?, ce.child("ts")?, ce.child("ttl")?, ce.child("ldt")?, ce.child("tombstone")?);
@@ -253,7 +313,7 @@ impl<'a> Stored<'a> {
             re.child("end")?, re.child("end_inclusive")?, re.child("ts")?, re.child("ldt")?);
         let id = |name: &[u8]| t.lookup(name).ok_or("a column name missed by the index");
         let mut part = PartitionState::default();
-        for &i in rows {
+        for i in rows {
             let k = self.kind.bytes(i);
             if k == b"partition" {
                 if let Some(ts) = self.dts.opt_i64(i) {
@@ -317,7 +377,7 @@ fn truncate(s: &mut StateRows, to: &(usize, Vec<usize>)) {
 
 /// `process_partition` for one partition: the events, the new state, whether it must be written back.
 fn process_partition(em: &Emitter, pk: &[u8], recs: &[Rec], prior: Option<&PartitionState>, s: &Settings,
-                     events: &mut Vec<Event>) -> D<(PartitionState, bool)> {
+                     events: &mut Events) -> D<(PartitionState, bool)> {
     let mut state = prior.cloned().unwrap_or_default();
     let mut swept = false;
     if let (Some(prev), Some(_)) = (s.prev_now, prior) {
@@ -336,64 +396,87 @@ fn process_partition(em: &Emitter, pk: &[u8], recs: &[Rec], prior: Option<&Parti
     Ok((state, changed))
 }
 
-/// One table's batch. `cell_log`: the table's records (`CELL_LOG_SCHEMA`); `stored`: the stored records of every
+/// One table's batch. `cell_log`: the table's records (record batches of `CELL_LOG_SCHEMA`); `stored`: the stored records of every
 /// partition the batch touches (`STATE_SCHEMA`); `expiring`: partitions to sweep that have no records.
-pub fn process_table(t: &mut Table, cell_log: &Col, stored: &Col, expiring: &[Vec<u8>], s: &Settings)
+pub fn process_table(t: &mut Table, cell_log: &[Col], stored: &Col, expiring: &[Vec<u8>], s: &Settings)
                      -> Result<Output, String> {
     let log = CellLog::new(cell_log)?;
-    // replica copies: one record per identity, the smallest source; kept in first-seen order
-    let mut first: FxMap<ByIdentity, usize> = FxMap::with_capacity_and_hasher(cell_log.len, Default::default());
-    let mut kept: Vec<usize> = Vec::with_capacity(cell_log.len);
-    for i in 0..cell_log.len {
-        match first.entry(ByIdentity { log: &log, i }) {
-            std::collections::hash_map::Entry::Vacant(v) => {
-                v.insert(kept.len());
-                kept.push(i);
-            }
-            std::collections::hash_map::Entry::Occupied(o) => {
-                let slot = *o.get();
-                if log.source_key(i) < log.source_key(kept[slot]) {
-                    kept[slot] = i;
-                }
-            }
+    // partitions: every record's (token, place) sorted, so that a partition's records are one run, in cell-log
+    // order (replica copies are dropped per partition, by the thread that runs it: `partition_records`)
+    log.intern(t);
+    let mut sorted: Vec<(i64, u64)> = log.rids().map(|r| (log.token(r), r.packed())).collect();
+    sorted.sort_unstable();
+    let mut order: Vec<Part> = Vec::new();
+    let mut i = 0;
+    while i < sorted.len() {
+        let token = sorted[i].0;
+        let end = i + sorted[i..].iter().take_while(|x| x.0 == token).count();
+        let pk = log.pk(Rid::unpack(sorted[i].1));
+        if sorted[i..end].iter().any(|x| log.pk(Rid::unpack(x.1)) != pk) {
+            // keys sharing a token: by key, each in cell-log order (a stable sort)
+            sorted[i..end].sort_by(|a, b| log.pk(Rid::unpack(a.1)).cmp(log.pk(Rid::unpack(b.1))));
+        }
+        let mut j = i;
+        while j < end {
+            let pk = log.pk(Rid::unpack(sorted[j].1));
+            let k = j + sorted[j..end].iter().take_while(|x| log.pk(Rid::unpack(x.1)) == pk).count();
+            order.push(Part { pk, token, recs: j..k });
+            j = k;
+        }
+        i = end;
+    }
+    let sorted: Vec<Rid> = sorted.into_iter().map(|x| Rid::unpack(x.1)).collect();
+    let by_order = |a: &Part, b: &Part| (a.token, a.pk).cmp(&(b.token, b.pk));
+    let mut swept = false;
+    for pk in expiring {
+        let p = Part { pk: pk.as_slice(), token: crate::murmur3::token(pk), recs: 0..0 };
+        if order.binary_search_by(|x| by_order(x, &p)).is_err() {
+            order.push(p);
+            swept = true;
         }
     }
-    drop(first);
-    // partitions: their records (indexes, in first-seen order), built into `Rec`s by the thread that runs them
-    log.intern(t);
-    let mut by_key: FxMap<&[u8], (i64, Vec<usize>)> = FxMap::default();
-    for &i in &kept {
-        by_key.entry(log.pk.bytes(i)).or_insert_with(|| (log.token.i64(i), Vec::new())).1.push(i);
+    if swept {
+        order.sort_by(by_order);
+        order.dedup_by(|a, b| a.pk == b.pk && a.token == b.token);
     }
-    for pk in expiring {
-        by_key.entry(pk.as_slice()).or_insert_with(|| (crate::murmur3::token(pk), Vec::new()));
-    }
-    let mut order: Vec<(&[u8], i64)> = by_key.iter().map(|(k, v)| (*k, v.0)).collect();
-    order.sort_by(|a, b| (a.1, a.0).cmp(&(b.1, b.0)));
     let stored = Stored::new(t, stored)?;
     let t: &Table = t;
     let ctx = EventCtx { cluster: s.cluster, node: "", ts_ms: s.now * 1000 };
     let em = Emitter { t, ctx: &ctx };
-    // partitions are independent: contiguous runs of them on `threads` threads, outputs joined in order
+    // partitions are independent: contiguous runs of them, which `threads` threads take in turn (a thread the
+    // machine slows down takes fewer), outputs joined in order
     let threads = s.threads.clamp(1, order.len().max(1));
-    let per = order.len().div_ceil(threads).max(1);
-    let runs: Vec<Result<Run, String>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = order.chunks(per).enumerate()
-            .map(|(i, part)| {
-                let (em, stored, by_key, log) = (&em, &stored, &by_key, &log);
-                scope.spawn(move || process_run(em, stored, log, by_key, part, i * per, s))
+    let per = if threads == 1 { order.len().max(1) } else { order.len().div_ceil(threads * 8).max(4096) };
+    let chunks: Vec<&[Part]> = order.chunks(per).collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut runs: Vec<(usize, Result<Run, String>)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads.min(chunks.len()))
+            .map(|_| {
+                let (em, stored, sorted, log, chunks, next) = (&em, &stored, &sorted, &log, &chunks, &next);
+                scope.spawn(move || {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if i >= chunks.len() {
+                            return mine;
+                        }
+                        mine.push((i, process_run(em, stored, log, sorted, chunks[i], i * per, s)));
+                    }
+                })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().expect("a state engine thread panicked")).collect()
+        handles.into_iter().flat_map(|h| h.join().expect("a state engine thread panicked")).collect()
     });
+    runs.sort_by_key(|r| r.0);
+    let runs = runs.into_iter().map(|r| r.1);
     let mut runs = runs.into_iter().collect::<Result<Vec<Run>, String>>()?;
     if runs.iter_mut().any(|r| r.overflowed()) {
         return Err("a batch too large for 32-bit Arrow offsets".into());
     }
-    Ok(Output { keys: order.iter().map(|(k, tok)| (k.to_vec(), *tok)).collect(), runs })
+    Ok(Output { keys: order.iter().map(|p| (p.pk.to_vec(), p.token)).collect(), runs })
 }
 
-/// What one thread made of a contiguous run of partitions: its outputs are one chunk of the batch's (Python
+/// What a thread made of a contiguous run of partitions: its outputs are one chunk of the batch's (Python
 /// joins them as Arrow chunks, without a copy).
 pub struct Run {
     /// indexes into `Output::keys` of the partitions left to the Python engine
@@ -411,20 +494,63 @@ impl Run {
     }
 }
 
+/// One partition's records without replica copies (`dedupe_records`): one record per identity, the copy with the
+/// smallest source, at the place of the first copy.
+fn partition_records(log: &CellLog, recs: &[Rid], kept: &mut Vec<Rid>) {
+    kept.clear();
+    let keep = |kept: &mut Vec<Rid>, slot: Option<usize>, r: Rid| match slot {
+        None => kept.push(r),
+        Some(k) => {
+            if log.source_key(r) < log.source_key(kept[k]) {
+                kept[k] = r;
+            }
+        }
+    };
+    if recs.len() <= 16 {
+        for &r in recs {
+            let id = log.identity(r);
+            let slot = kept.iter().position(|&k| log.identity(k) == id);
+            keep(kept, slot, r);
+        }
+    } else {
+        let mut first: FxMap<ByIdentity, usize> = FxMap::with_capacity_and_hasher(recs.len(), Default::default());
+        for &r in recs {
+            let slot = match first.entry(ByIdentity { log, r }) {
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert(kept.len());
+                    None
+                }
+                std::collections::hash_map::Entry::Occupied(o) => Some(*o.get()),
+            };
+            keep(kept, slot, r);
+        }
+    }
+}
+
 /// The partitions `order` (publish order; the first is partition number `first` of the batch).
-fn process_run(em: &Emitter, stored: &Stored, log: &CellLog, by_key: &FxMap<&[u8], (i64, Vec<usize>)>,
-               order: &[(&[u8], i64)], first: usize, s: &Settings) -> Result<Run, String> {
+fn process_run(em: &Emitter, stored: &Stored, log: &CellLog, sorted: &[Rid], order: &[Part], first: usize,
+               s: &Settings) -> Result<Run, String> {
     let t = em.t;
     let mut out = Run { doubted: Vec::new(), events: Events::with_capacity(order.len()), state: StateRows::new(t),
                         changed: 0 };
-    let mut events: Vec<Event> = Vec::new();
     let mut recs: Vec<Rec> = Vec::new();
-    for (i, &(pk, token)) in order.iter().enumerate() {
+    let mut kept: Vec<Rid> = Vec::new();
+    // the state columns are sized once from what the first partitions wrote (a sample large enough to be typical)
+    let sample = (order.len() / 32).max(1024);
+    for (i, part) in order.iter().enumerate() {
+        if i == sample {
+            let factor = (order.len() - i) as f64 / i as f64 * 1.1;
+            for o in out.state.columns_mut() {
+                o.reserve_scaled(factor);
+            }
+        }
+        let (pk, token) = (part.pk, part.token);
         let idx = first + i;
         recs.clear();
         let mut unknown = false;
-        for &j in &by_key[pk].1 {
-            match log.rec(t, j) {
+        partition_records(log, &sorted[part.recs.clone()], &mut kept);
+        for &r in &kept {
+            match log.rec(t, r) {
                 Some(r) => recs.push(r),
                 None => unknown = true,
             }
@@ -435,23 +561,20 @@ fn process_run(em: &Emitter, stored: &Stored, log: &CellLog, by_key: &FxMap<&[u8
         }
         let prior_state = stored.partition(t, pk)?;
         let prior = prior_state.as_ref();
-        events.clear();
         let mark = lengths(&mut out.state);
-        let done = process_partition(em, pk, &recs, prior, s, &mut events).and_then(|(state, changed)| {
+        let events_mark = out.events.len();
+        out.events.current = idx as i32;
+        let done = process_partition(em, pk, &recs, prior, s, &mut out.events).and_then(|(state, changed)| {
             if changed {
                 out.state.change_rows(t, pk, token, prior, &state, s.now, s.batch_seq)?;
             }
             Ok(changed)
         });
         match done {
-            Ok(changed) => {
-                out.changed += changed as usize;
-                for e in &events {
-                    out.events.push(idx, e);
-                }
-            }
+            Ok(changed) => out.changed += changed as usize,
             Err(_) => {
                 truncate(&mut out.state, &mark);
+                out.events.truncate(events_mark);
                 out.doubted.push(idx);
             }
         }

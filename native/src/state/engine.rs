@@ -10,6 +10,7 @@ use sha2::{Digest, Sha256};
 
 use super::table::{ColId, Role, Table};
 use super::text::{json_str, push_hex, push_i128, push_i64, repr_ascii_str, repr_bytes};
+use super::out::Events;
 use super::types::{self, Doubt, Ty, D};
 
 pub const NO_TIMESTAMP: i64 = i64::MIN;
@@ -716,14 +717,6 @@ pub struct EventCtx<'a> {
     pub ts_ms: i64,
 }
 
-/// One event, ready for the outbox.
-pub struct Event {
-    pub event_id: String,
-    pub op: u8,
-    pub key_json: String,
-    pub event_json: String,
-    pub ts_us: i64,
-}
 
 fn order_keys(t: &Table, keys: Vec<RowKey>) -> D<Vec<RowKey>> {
     if keys.len() <= 1 {
@@ -768,7 +761,7 @@ impl<'a> Emitter<'a> {
     #[allow(clippy::too_many_arguments)]
     pub fn diff(&self, pk: &[u8], part: &PartitionState, before: &BTreeMap<RowKey, Images>,
                 after: &BTreeMap<RowKey, Images>, ts_us: i64, source: Option<(&[u8], i64)>, expired: bool,
-                out: &mut Vec<Event>) -> D<()> {
+                out: &mut Events) -> D<()> {
         let mut keys: Vec<RowKey> = before.keys().cloned().collect();
         for k in after.keys() {
             if !before.contains_key(k) {
@@ -781,49 +774,67 @@ impl<'a> Emitter<'a> {
             if a == b {
                 continue;
             }
-            out.push(self.event(pk, part, &key, b, a, ts_us, source, expired)?);
+            self.event(pk, part, &key, b, a, ts_us, source, expired, out)?;
         }
         Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]
+    /// One event, written into `out`'s columns (the caller drops what a doubted partition wrote).
+    #[allow(clippy::too_many_arguments)]
     fn event(&self, pk: &[u8], part: &PartitionState, key: &RowKey, b: Option<&Images>, a: Option<&Images>,
-             ts_us: i64, source: Option<(&[u8], i64)>, expired: bool) -> D<Event> {
+             ts_us: i64, source: Option<(&[u8], i64)>, expired: bool, out: &mut Events) -> D<()> {
         let t = self.t;
         let op = if b.is_none() { b'c' } else if a.is_none() { b'd' } else { b'u' };
-        let event_id = event_id(t, pk, key, op, ts_us, expired, part, a)?;
-        let mut ej = String::with_capacity(256);
+        let digest = event_id(t, pk, key, op, ts_us, expired, part, a, &mut out.scratch)?;
+        out.event_id.push_str_with(|id| {
+            push_hex(id, &digest);
+            Ok(())
+        })?;
+        out.event_json.push_str_with(|ej| self.event_json(ej, pk, key, b, a, ts_us, source, expired, op, &digest))?;
+        out.key_json.push_str_with(|kj| key_json(kj, t, pk, key))?;
+        out.op.bytes(&[op]);
+        out.ts_us.push(ts_us);
+        out.partition.push(out.current);
+        Ok(())
+    }
+
+    /// The event's JSON envelope (`outbox_row`'s `event_json`).
+    #[allow(clippy::too_many_arguments)]
+    fn event_json(&self, ej: &mut String, pk: &[u8], key: &RowKey, b: Option<&Images>, a: Option<&Images>, ts_us: i64,
+                  source: Option<(&[u8], i64)>, expired: bool, op: u8, digest: &[u8]) -> D<()> {
+        let t = self.t;
         ej.push_str("{\"before\":");
-        row_json(&mut ej, t, pk, key, b)?;
+        row_json(ej, t, pk, key, b)?;
         ej.push_str(",\"after\":");
-        row_json(&mut ej, t, pk, key, a)?;
+        row_json(ej, t, pk, key, a)?;
         ej.push_str(",\"source\":{\"connector\":\"cassandra-cdc\",\"cluster\":");
-        json_str(&mut ej, self.ctx.cluster);
+        json_str(ej, self.ctx.cluster);
         ej.push_str(",\"node\":");
-        json_str(&mut ej, self.ctx.node);
+        json_str(ej, self.ctx.node);
         ej.push_str(",\"keyspace\":");
-        json_str(&mut ej, &t.keyspace);
+        json_str(ej, &t.keyspace);
         ej.push_str(",\"table\":");
-        json_str(&mut ej, &t.name);
+        json_str(ej, &t.name);
         ej.push_str(",\"segment\":");
         match source {
-            Some((seg, _)) => json_str(&mut ej, std::str::from_utf8(seg).map_err(|_| Doubt)?),
+            Some((seg, _)) => json_str(ej, std::str::from_utf8(seg).map_err(|_| Doubt)?),
             None => ej.push_str("null"),
         }
         ej.push_str(",\"position\":");
         match source {
-            Some((_, pos)) => push_i64(&mut ej, pos),
+            Some((_, pos)) => push_i64(ej, pos),
             None => ej.push_str("null"),
         }
         ej.push_str(",\"ts_us\":");
-        push_i64(&mut ej, ts_us);
+        push_i64(ej, ts_us);
         ej.push_str(if expired { ",\"expired\":true" } else { ",\"expired\":false" });
         ej.push_str(",\"snapshot\":false},\"op\":\"");
         ej.push(op as char);
         ej.push_str("\",\"ts_ms\":");
-        push_i64(&mut ej, self.ctx.ts_ms);
+        push_i64(ej, self.ctx.ts_ms);
         ej.push_str(",\"id\":\"");
-        ej.push_str(&event_id);
+        push_hex(ej, digest);
         ej.push_str("\",\"changed\":[");
         let mut first = true;
         for (col, kind) in &t.change_plan {
@@ -837,14 +848,11 @@ impl<'a> Emitter<'a> {
                     ej.push(',');
                 }
                 first = false;
-                json_str(&mut ej, t.name_of(*col));
+                json_str(ej, t.name_of(*col));
             }
         }
         ej.push_str("]}");
-        // the key: from the after image, else the before one (they share the key columns)
-        let mut kj = String::with_capacity(64);
-        key_json(&mut kj, t, pk, key)?;
-        Ok(Event { event_id, op, key_json: kj, event_json: ej, ts_us })
+        Ok(())
     }
 }
 
@@ -1169,79 +1177,64 @@ fn repr_image(out: &mut String, t: &Table, img: &Image) -> D<()> {
     Ok(())
 }
 
-/// `events._event_id`: the first 32 hex digits of SHA-256 over the reprs Python hashes.
+/// `events._event_id`: the first 16 bytes (32 hex digits) of SHA-256 over the reprs Python hashes, one after the
+/// other (written into `s`, then hashed at once: the same digest as hashing each in turn).
 #[allow(clippy::too_many_arguments)]
 pub fn event_id(t: &Table, pk: &[u8], key: &RowKey, op: u8, ts_us: i64, expired: bool, part: &PartitionState,
-                a_img: Option<&Images>) -> D<String> {
+                a_img: Option<&Images>, s: &mut String) -> D<[u8; 16]> {
     if !t.repr_ok {
         return Err(Doubt);
     }
-    let mut h = Sha256::new();
-    let mut s = String::with_capacity(256);
+    s.clear();
     s.push('(');
-    repr_ascii_str(&mut s, &t.id_str).ok_or(Doubt)?;
+    repr_ascii_str(s, &t.id_str).ok_or(Doubt)?;
     s.push_str(", ");
-    repr_bytes(&mut s, pk);
+    repr_bytes(s, pk);
     s.push_str(", ");
     match key {
         None => s.push_str("None"),
-        Some(k) => repr_bytes(&mut s, k),
+        Some(k) => repr_bytes(s, k),
     }
     s.push_str(", '");
     s.push(op as char);
     s.push_str("', ");
-    push_i64(&mut s, ts_us);
+    push_i64(s, ts_us);
     s.push_str(if expired { ", True)" } else { ", False)" });
-    h.update(s.as_bytes());
-    s.clear();
-    repr_row_state(&mut s, t, Some(&part.static_row))?;
-    h.update(s.as_bytes());
-    s.clear();
-    repr_del(&mut s, &part.deletion);
-    h.update(s.as_bytes());
+    repr_row_state(s, t, Some(&part.static_row))?;
+    repr_del(s, &part.deletion);
     match key {
         Some(k) => {
-            s.clear();
-            repr_row_state(&mut s, t, part.rows.get(k))?;
-            h.update(s.as_bytes());
-            s.clear();
-            push_i64(&mut s, row_shadow_ts(t, part, k)?);
-            h.update(s.as_bytes());
+            repr_row_state(s, t, part.rows.get(k))?;
+            push_i64(s, row_shadow_ts(t, part, k)?);
         }
         None => {
             // the static-only row exists or not depending on the partition's clustering rows
-            s.clear();
             s.push('[');
             for (i, (k, r)) in part.rows.iter().enumerate() {
                 if i > 0 {
                     s.push_str(", ");
                 }
                 s.push('(');
-                repr_bytes(&mut s, k);
+                repr_bytes(s, k);
                 s.push_str(", ");
-                repr_row_state(&mut s, t, Some(r))?;
+                repr_row_state(s, t, Some(r))?;
                 s.push(')');
             }
             s.push(']');
-            h.update(s.as_bytes());
         }
     }
     if let Some((st, row)) = a_img {
-        s.clear();
         s.push('(');
-        repr_image(&mut s, t, st)?;
+        repr_image(s, t, st)?;
         s.push_str(", ");
         match row {
             None => s.push_str("None"),
-            Some(r) => repr_image(&mut s, t, r)?,
+            Some(r) => repr_image(s, t, r)?,
         }
         s.push(')');
-        h.update(s.as_bytes());
     }
-    let digest = h.finalize();
-    let mut hexs = String::with_capacity(32);
-    push_hex(&mut hexs, &digest[..16]);
-    Ok(hexs)
+    let digest = Sha256::digest(s.as_bytes());
+    Ok(digest[..16].try_into().expect("a SHA-256 digest has 32 bytes"))
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -1273,7 +1266,7 @@ pub fn partition_changes<'r, 'a>(recs: &'r [Rec<'a>]) -> Vec<(i64, Vec<&'r Rec<'
 
 /// `apply_batch` for one partition's (deduplicated) records.
 pub fn apply_partition(em: &Emitter, pk: &[u8], part: &mut PartitionState, recs: &[Rec], now: i64,
-                       out: &mut Vec<Event>) -> D<()> {
+                       out: &mut Events) -> D<()> {
     let t = em.t;
     for (ts, group) in partition_changes(recs) {
         let whole = group.iter().any(|r| matches!(r.kind, Kind::PartitionDeletion | Kind::RangeTombstone) || r.is_static);
@@ -1372,7 +1365,7 @@ pub fn next_expiry(part: &PartitionState, after: i64) -> Option<i64> {
 
 /// `expiry_sweep` of one partition over `(now_before, now]`.
 pub fn sweep_partition(em: &Emitter, pk: &[u8], part: &PartitionState, now_before: i64, now: i64,
-                       out: &mut Vec<Event>) -> D<()> {
+                       out: &mut Events) -> D<()> {
     if now <= now_before {
         return Ok(());
     }

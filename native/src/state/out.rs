@@ -108,6 +108,29 @@ impl Out {
         }
     }
 
+    /// Append a string value that `f` writes straight into the column's data (no string of its own, no copy);
+    /// nothing is appended when `f` doubts. For string columns only: their data is UTF-8 throughout.
+    pub fn push_str_with(&mut self, f: impl FnOnce(&mut String) -> D<()>) -> D<()> {
+        if let Out::Var { offsets, data, valid } = self {
+            let start = data.len();
+            // SAFETY: a string column's data holds only what `&str`s and Strings appended (UTF-8), and `f` can
+            // append only through the String
+            let mut text = unsafe { String::from_utf8_unchecked(std::mem::take(data)) };
+            let done = f(&mut text);
+            *data = text.into_bytes();
+            match done {
+                Ok(()) => {
+                    offsets.push(data.len() as i32);
+                    valid.push(true);
+                }
+                Err(_) => data.truncate(start),
+            }
+            done
+        } else {
+            unreachable!("push_str_with() on a non-binary column")
+        }
+    }
+
     pub fn opt_bytes(&mut self, b: Option<&[u8]>) {
         match b {
             Some(b) => self.bytes(b),
@@ -236,6 +259,45 @@ impl Out {
         }
     }
 
+    /// Room for `factor` times what the column holds now, more (children and data bytes alike): a run's columns
+    /// sized from its first partitions, instead of growing by doubling, which copies every buffer and touches
+    /// fresh pages again at each step.
+    pub fn reserve_scaled(&mut self, factor: f64) {
+        let more = |n: usize| (n as f64 * factor) as usize;
+        fn values<T>(v: &mut Vec<T>, valid: &mut Bits, more: impl Fn(usize) -> usize) {
+            v.reserve(more(v.len()));
+            valid.reserve(more(valid.len));
+        }
+        match self {
+            Out::Var { offsets, data, valid } => {
+                offsets.reserve(more(valid.len));
+                data.reserve(more(data.len()));
+                valid.reserve(more(valid.len));
+            }
+            Out::I8 { v, valid } => values(v, valid, more),
+            Out::I16 { v, valid } => values(v, valid, more),
+            Out::I32 { v, valid } => values(v, valid, more),
+            Out::I64 { v, valid } => values(v, valid, more),
+            Out::F32 { v, valid } => values(v, valid, more),
+            Out::F64 { v, valid } => values(v, valid, more),
+            Out::Bool { v, valid } => {
+                v.reserve(more(v.len));
+                valid.reserve(more(valid.len));
+            }
+            Out::List { offsets, valid, child } => {
+                offsets.reserve(more(valid.len));
+                valid.reserve(more(valid.len));
+                child.reserve_scaled(factor);
+            }
+            Out::Struct { valid, children } => {
+                valid.reserve(more(valid.len));
+                for c in children.iter_mut() {
+                    c.reserve_scaled(factor);
+                }
+            }
+        }
+    }
+
     /// Whether a 32-bit offset overflowed (the caller then hands the table to the Python engine).
     pub fn overflowed(&self) -> bool {
         match self {
@@ -243,6 +305,46 @@ impl Out {
             Out::List { child, .. } => child.len() > i32::MAX as usize || child.overflowed(),
             Out::Struct { children, .. } => children.iter().any(|c| c.overflowed()),
             _ => false,
+        }
+    }
+}
+
+// ---- events ----------------------------------------------------------------------------------------------------
+
+/// The events of the partitions a thread processed, in publish order (`partition` indexes the batch's keys),
+/// written straight into their Arrow columns.
+pub struct Events {
+    pub partition: Vec<i32>,
+    pub event_id: Out,
+    pub op: Out,
+    pub key_json: Out,
+    pub event_json: Out,
+    pub ts_us: Vec<i64>,
+    /// the partition the events being written belong to
+    pub current: i32,
+    /// the Python reprs an event id hashes, written here first (one buffer for all the events)
+    pub scratch: String,
+}
+
+impl Events {
+    /// Room for about `n` events (one per change is the common case).
+    pub fn with_capacity(n: usize) -> Events {
+        Events { partition: Vec::with_capacity(n), event_id: Out::var_with_capacity(n, 32 * n),
+                 op: Out::var_with_capacity(n, n), key_json: Out::var_with_capacity(n, 64 * n),
+                 event_json: Out::var_with_capacity(n, 1024 * n), ts_us: Vec::with_capacity(n), current: 0,
+                 scratch: String::with_capacity(1024) }
+    }
+
+    pub fn len(&self) -> usize {
+        self.partition.len()
+    }
+
+    /// Drop the events after the first `n` (what a doubted partition wrote).
+    pub fn truncate(&mut self, n: usize) {
+        self.partition.truncate(n);
+        self.ts_us.truncate(n);
+        for o in [&mut self.event_id, &mut self.op, &mut self.key_json, &mut self.event_json] {
+            o.truncate(n);
         }
     }
 }

@@ -54,6 +54,8 @@ pub struct Table {
     /// every column name and the table id are printable ASCII, so event ids (hashes of Python reprs) can be
     /// computed here (see `text::repr_ascii_str`)
     pub repr_ok: bool,
+    /// the columns `col` gave last: names come in runs (a row's columns, row after row)
+    recent: [ColId; 4],
 }
 
 pub struct ColumnDesc {
@@ -68,7 +70,7 @@ impl Table {
                dropped: Vec<(String, Ty, i64)>) -> Table {
         let mut t = Table { id_str, keyspace, name, cols: Vec::new(), by_name: FxMap::default(), pk: Vec::new(),
                             ck: Vec::new(), value_cols: Vec::new(), typed_cols: Vec::new(), change_plan: Vec::new(),
-                            repr_ok: true };
+                            repr_ok: true, recent: [ColId::MAX; 4] };
         let drop_times: HashMap<String, i64> = dropped.iter().map(|(n, _, t)| (n.clone(), *t)).collect();
         for c in columns {
             let id = t.cols.len() as ColId;
@@ -109,8 +111,14 @@ impl Table {
 
     /// The id of a column name (a new `Unknown` column for names the schema does not have).
     pub fn col(&mut self, name: &[u8]) -> ColId {
-        if let Some(id) = self.by_name.get(name) {
-            return *id;
+        let cols = &self.cols;
+        if let Some(&id) = self.recent.iter().find(|&&id| cols.get(id as usize).is_some_and(|c| c.name.as_bytes() == name)) {
+            return id;
+        }
+        if let Some(&id) = self.by_name.get(name) {
+            self.recent.rotate_right(1);
+            self.recent[0] = id;
+            return id;
         }
         let id = self.cols.len() as ColId;
         let name_s = String::from_utf8_lossy(name).into_owned();
