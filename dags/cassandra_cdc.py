@@ -5,7 +5,10 @@ why each is idempotent). Settings (``cdc_lib.pipeline.airflow``): a run's conf >
 Variable ``cassandra_cdc_settings`` > ``CASSANDRA_CDC_*`` environment > the settings file (``CASSANDRA_CDC_CONFIG``)
 > defaults; the params are empty unless a manual trigger fills them. The schedule is the ``schedule`` setting
 (every minute by default), read when this file is parsed. ``claim`` fails at once when the settings cannot work
-and warns when agents ship nothing; a run that finds nothing to do stops after it (short-circuit).
+and warns when agents ship nothing; a run that finds nothing new skips transform, publish and archive
+(short-circuit). ``follow`` then (after archive, or after a claim that found nothing) keeps taking batches in
+its own process until shortly before the next run is due (``follow_schedule``, ``steps.run_for``), so that a
+segment uploaded during the minute waits seconds, not for the next run.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:          # cdc_lib / spark_jobs from the repository when not pip-installed
     sys.path.insert(0, str(REPO))
 
-from cdc_lib.pipeline.airflow import airflow_params, dag_schedules  # noqa: E402
+from cdc_lib.pipeline.airflow import airflow_params, dag_schedules, follow_schedule_from_airflow_context  # noqa: E402
 from cdc_lib.pipeline.airflow import config_from_airflow_context as _config
 
 
@@ -35,7 +38,7 @@ from cdc_lib.pipeline.airflow import config_from_airflow_context as _config
     doc_md=__doc__,
 )
 def cassandra_cdc():
-    @task.short_circuit
+    @task.short_circuit(ignore_downstream_trigger_rules=False)     # skips transform, publish, archive; not follow
     def claim() -> dict:
         from airflow.sdk import get_current_context
 
@@ -61,7 +64,11 @@ def cassandra_cdc():
         from cdc_lib.pipeline.steps import archive as archive_step
         return archive_step(_config(), batch).summary()
 
-    archive(publish(transform(claim())))
+    @task(trigger_rule="none_failed")
+    def follow() -> dict:
+        return follow_schedule_from_airflow_context(_config())
+
+    archive(publish(transform(claim()))) >> follow()
 
 
 cassandra_cdc()
