@@ -6,9 +6,9 @@ Variable ``cassandra_cdc_settings`` > ``CASSANDRA_CDC_*`` environment > the sett
 > defaults; the params are empty unless a manual trigger fills them. The schedule is the ``schedule`` setting
 (every minute by default), read when this file is parsed. ``claim`` fails at once when the settings cannot work
 and warns when agents ship nothing; a run that finds nothing new skips transform, publish and archive
-(short-circuit). ``follow`` then (after archive, or after a claim that found nothing) keeps taking batches in
-its own process until shortly before the next run is due (``follow_schedule``, ``steps.run_for``), so that a
-segment uploaded during the minute waits seconds, not for the next run.
+(short-circuit). ``follow`` then (after archive, or after a claim that found nothing), in a scheduled run, keeps
+taking batches in its own process until shortly before the next run is due (``follow_schedule``,
+``steps.run_for``), so that a segment uploaded during the minute waits seconds, not for the next run.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:          # cdc_lib / spark_jobs from the repository when not pip-installed
     sys.path.insert(0, str(REPO))
 
-from cdc_lib.pipeline.airflow import airflow_params, dag_schedules, follow_schedule_from_airflow_context  # noqa: E402
+from cdc_lib.pipeline.airflow import airflow_params, dag_schedules  # noqa: E402
 from cdc_lib.pipeline.airflow import config_from_airflow_context as _config
 
 
@@ -66,6 +66,7 @@ def cassandra_cdc():
 
     @task(trigger_rule="none_failed")
     def follow() -> dict:
+        from cdc_lib.pipeline.follow import follow_schedule_from_airflow_context
         return follow_schedule_from_airflow_context(_config())
 
     archive(publish(transform(claim()))) >> follow()

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 
 from cdc_lib.errors import ConfigError
-from cdc_lib.pipeline.airflow import (dag_schedules, describe_settings, follow_seconds, next_run_due, pipeline_config,
-                                      run_setting_names)
+from cdc_lib.pipeline.airflow import dag_schedules, describe_settings, pipeline_config, run_setting_names
+from cdc_lib.pipeline.follow import follow_seconds, next_run_due
 from cdc_lib.pipeline.backfill import BACKFILL_ARGS
 from cdc_lib.settings import PipelineConfig
 
