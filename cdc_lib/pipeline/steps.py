@@ -22,6 +22,9 @@ finds what is done and does the rest:
    (copy, verify, then delete); a segment in which bytes were damaged moves to ``quarantined/`` with a reason
    naming every damaged position instead (its readable entries were processed).
 
+``run_once`` is the four steps of one batch in one process; ``run_for`` takes batch after batch for a window (a
+scheduled run's ``follow`` task, ``pipeline.follow``), each one a ``run_once``.
+
 Backfill, replay and maintenance batches run through the same steps (see ``backfill``, ``replay`` and
 ``maintenance``); a pending replay request is claimed before new segments.
 
