@@ -227,4 +227,3 @@ def dag_schedules(env: Mapping[str, str] | None = None) -> tuple:
                                   f"{e}") from None
         out.append(value)
     return tuple(out)
-
