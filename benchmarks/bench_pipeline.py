@@ -100,6 +100,25 @@ def _kafka_timestamps(bootstrap: str, prefix: str) -> list:
     return out
 
 
+def upload_to_kafka_seconds(stamps: list, uploaded: dict) -> list:
+    """Sorted seconds from "segment uploaded" to "event in Kafka" of each event: ``stamps`` as
+    ``_kafka_timestamps`` gives them, ``uploaded`` {(node, segment): unix time its upload finished}."""
+    lat = []
+    for seg, node, ts_ms in stamps:
+        up = uploaded.get((node, seg))
+        if up is None:   # the event's source names one replica's segment; any node's copy is fine
+            ups = [v for (n, s), v in uploaded.items() if s == seg]
+            up = min(ups) if ups else None
+        if up is not None:
+            lat.append(ts_ms / 1000 - up)
+    return sorted(lat)
+
+
+def percentile(ordered: list, q: float) -> float:
+    """The ``q`` quantile (0..1) of sorted values, nearest rank below."""
+    return ordered[int(q * (len(ordered) - 1))]
+
+
 def _stages_text(stages: dict) -> str:
     return ", ".join(f"{k} {v:.1f}" for k, v in stages.items() if k not in ("mode",) and isinstance(v, float))
 
@@ -368,15 +387,7 @@ def main(argv=None) -> int:
                 steps["archive"] += s.get("archive", {}).get("duration_s", 0.0)
         steps["spark_job"] -= steps["spark_start"]
         events = sum(b.steps.get("publish", {}).get("events", 0) for b in batches)
-        stamps = _kafka_timestamps(broker.bootstrap, "bench")
-        lat = []
-        for seg, node, ts_ms in stamps:
-            up = uploaded.get((node, seg))
-            if up is None:   # the event's source names one replica's segment; any node's copy is fine
-                ups = [v for (n, s), v in uploaded.items() if s == seg]
-                up = min(ups) if ups else None
-            if up is not None:
-                lat.append(ts_ms / 1000 - up)
+        lat = upload_to_kafka_seconds(_kafka_timestamps(broker.bootstrap, "bench"), uploaded)
         cluster_runs = []
         if a.cluster:
             P.stop_spark()        # the in-process session's JVM would compete with the cluster for the cores
@@ -415,9 +426,8 @@ def main(argv=None) -> int:
                   f"{r['wall_s']:7.1f}  " + _stages_text(r["stages"]))
         print("  (a spark-submit batch pays a new driver and executors: JVM start-up is part of its wall time)")
     if lat:
-        lat.sort()
         print(f"segment uploaded -> event in Kafka: median {statistics.median(lat):.1f} s, "
-              f"p95 {lat[int(0.95 * (len(lat) - 1))]:.1f} s, max {lat[-1]:.1f} s over {len(lat)} events")
+              f"p95 {percentile(lat, 0.95):.1f} s, max {lat[-1]:.1f} s over {len(lat)} events")
     return 0
 
 

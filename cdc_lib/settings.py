@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 import socket
@@ -391,7 +392,9 @@ class PipelineConfig:
     kafka_config: dict = field(default_factory=dict, metadata=SECRET)
     schema_registry_config: dict = field(default_factory=dict, metadata=SECRET)   # basic.auth.user.info, ssl.*
     max_segments: int = 64                     # per batch
-    max_bytes: int = 256 * MiB                 # per batch (at least one segment is always taken)
+    # per batch (at least one segment is always taken); on a local master (no spark_submit) a batch is also kept
+    # within driver_batch_max_bytes, so that it runs in the transform's own process (claim)
+    max_bytes: int = 256 * MiB
     # Commit logs encrypted with Cassandra's transparent_data_encryption_options: the node's keystore (JCEKS, JKS
     # or PKCS12) and its passwords from files, or CASSANDRA_CDC_KEYSTORE_PASSWORD / CASSANDRA_CDC_KEY_PASSWORD
     # (the key password defaults to the keystore's, as in Cassandra's JKSKeyProvider); never a setting's value
@@ -413,6 +416,12 @@ class PipelineConfig:
     driver_batch_max_bytes: int = field(default=32 * MiB, metadata={"parse": parse_size})
     now: Optional[int] = None                  # fixed processing time (seconds) for tests/demo; None: wall clock
     sweep_interval_s: int = 300                # an empty run sweeps TTL expiries this long after the last batch
+    # A scheduled run of the cassandra_cdc DAG, after its first batch, keeps taking batches in the same process
+    # (steps.run_for) until follow_margin_s before the next run is due, looking for new segments every
+    # follow_poll_s while idle: a segment waits seconds for its batch, not the rest of the schedule interval
+    follow_schedule: bool = True
+    follow_poll_s: float = 2.0
+    follow_margin_s: float = 5.0
     warn_no_segments_s: int = 3600             # claim warns when no segment arrived for this long (0: never)
     vacuum_retention_hours: int = 168          # Delta history the maintenance DAG keeps
     # The maintenance DAG deletes the outbox rows of batches published and archived longer ago than this (their
@@ -456,6 +465,10 @@ class PipelineConfig:
             raise ConfigError(f"spark_submit_timeout_s must be > 0, got {self.spark_submit_timeout_s}")
         if self.warn_no_segments_s < 0:
             raise ConfigError(f"warn_no_segments_s must be >= 0 (0: never warn), got {self.warn_no_segments_s}")
+        if not 0 < self.follow_poll_s < math.inf:
+            raise ConfigError(f"follow_poll_s must be a number of seconds > 0, got {self.follow_poll_s}")
+        if not 0 <= self.follow_margin_s < math.inf:
+            raise ConfigError(f"follow_margin_s must be a number of seconds >= 0, got {self.follow_margin_s}")
 
     @classmethod
     def from_mapping(cls, values: dict, source: str = "DAG params") -> "PipelineConfig":

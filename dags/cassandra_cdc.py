@@ -5,7 +5,10 @@ why each is idempotent). Settings (``cdc_lib.pipeline.airflow``): a run's conf >
 Variable ``cassandra_cdc_settings`` > ``CASSANDRA_CDC_*`` environment > the settings file (``CASSANDRA_CDC_CONFIG``)
 > defaults; the params are empty unless a manual trigger fills them. The schedule is the ``schedule`` setting
 (every minute by default), read when this file is parsed. ``claim`` fails at once when the settings cannot work
-and warns when agents ship nothing; a run that finds nothing to do stops after it (short-circuit).
+and warns when agents ship nothing; a run that finds nothing new skips transform, publish and archive
+(short-circuit). ``follow`` then (after archive, or after a claim that found nothing), in a scheduled run, keeps
+taking batches in its own process until shortly before the next run is due (``follow_schedule``,
+``steps.run_for``), so that a segment uploaded during the minute waits seconds, not for the next run.
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ from cdc_lib.pipeline.airflow import config_from_airflow_context as _config
     doc_md=__doc__,
 )
 def cassandra_cdc():
-    @task.short_circuit
+    @task.short_circuit(ignore_downstream_trigger_rules=False)     # skips transform, publish, archive; not follow
     def claim() -> dict:
         from airflow.sdk import get_current_context
 
@@ -61,7 +64,12 @@ def cassandra_cdc():
         from cdc_lib.pipeline.steps import archive as archive_step
         return archive_step(_config(), batch).summary()
 
-    archive(publish(transform(claim())))
+    @task(trigger_rule="none_failed")
+    def follow() -> dict:
+        from cdc_lib.pipeline.follow import follow_schedule_from_airflow_context
+        return follow_schedule_from_airflow_context(_config())
+
+    archive(publish(transform(claim()))) >> follow()
 
 
 cassandra_cdc()

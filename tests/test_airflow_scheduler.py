@@ -311,19 +311,24 @@ def test_scheduled_runs_under_a_real_airflow(tmp_path, kafka_broker, s3_server, 
             if b.snapshot:
                 assert events and all(e["op"] == "r" for e in events), b.batch_id
 
-        # Logs: a successful transform logs nothing at error level, no loopback warning, its summary first.
-        with_spark = 0
+        # Logs: a successful transform logs nothing at error level, no loopback warning, its summary first; nor
+        # does a follow task, which runs batches of its own in the rest of the run's interval.
+        with_spark, windows = 0, []
         for _, dag_id, run, tis in rows:
-            if tis.get("transform", {}).get("state") != "success":
-                continue                              # skipped: the run had nothing to do
-            log = _task_log(home, dag_id, run["dag_run_id"], "transform")
-            errors = [e["event"] for e in log if e.get("level") == "error"]
-            assert errors == [], f"{run['dag_run_id']}: error-level lines on success:\n" + "\n".join(errors)
-            assert not any("loopback address" in str(e.get("event")) for e in log)
-            ours = [e for e in log if str(e.get("logger", "")).startswith("cassandra_cdc")]
-            assert ours[0]["event"].startswith("transform: batch "), ours[:3]
-            with_spark += any(e["logger"] == "cassandra_cdc.spark.jvm" for e in ours)   # the JVM's output, routed
+            for task_id in ("transform", "follow"):
+                if tis.get(task_id, {}).get("state") != "success":
+                    continue                          # skipped: the run had nothing to do
+                log = _task_log(home, dag_id, run["dag_run_id"], task_id)
+                errors = [e["event"] for e in log if e.get("level") == "error"]
+                assert errors == [], f"{run['dag_run_id']}: error-level lines on success:\n" + "\n".join(errors)
+                assert not any("loopback address" in str(e.get("event")) for e in log)
+                ours = [e for e in log if str(e.get("logger", "")).startswith("cassandra_cdc")]
+                first = {"transform": "transform: batch ", "follow": "follow: taking batches for "}[task_id]
+                assert ours[0]["event"].startswith(first), ours[:3]
+                windows += [float(ours[0]["event"].split()[4])] if task_id == "follow" else []
+                with_spark += any(e["logger"] == "cassandra_cdc.spark.jvm" for e in ours)  # the JVM's output, routed
         assert with_spark >= 2
+        assert max(windows) > 0           # scheduled runs followed (for how long depends on their batch's time)
         # Where the settings came from, as the first task of a run logs them; a healthy store, no warning.
         claim_log = "\n".join(str(e.get("event"))
                               for e in _task_log(home, "cassandra_cdc", batches[0].claimed_by, "claim"))

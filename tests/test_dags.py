@@ -5,7 +5,7 @@ import json
 import os
 import subprocess
 import sys
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,6 +13,7 @@ import pytest
 
 from cdc_lib.errors import ConfigError
 from cdc_lib.pipeline.airflow import dag_schedules, describe_settings, pipeline_config, run_setting_names
+from cdc_lib.pipeline.follow import follow_seconds, next_run_due
 from cdc_lib.pipeline.backfill import BACKFILL_ARGS
 from cdc_lib.settings import PipelineConfig
 
@@ -62,10 +63,16 @@ def test_main_dag_schedule_and_task_order(dagbag):
     assert getattr(dag.timetable, "expression", None) == "* * * * *" or "* * * * *" in repr(dag.timetable)
     assert dag.catchup is False
     assert dag.max_active_runs == 1
-    assert _order(dag) == ["claim", "transform", "publish", "archive"]
+    assert _order(dag) == ["claim", "transform", "publish", "archive", "follow"]
     for t in dag.tasks:
         assert t.retries >= 1, t.task_id        # each step is idempotent: retrying is how outages heal
-    assert type(dag.get_task("claim")).__name__.startswith("_ShortCircuit")
+    claim = dag.get_task("claim")
+    assert type(claim).__name__.startswith("_ShortCircuit")
+    # nothing new skips the batch's steps but not follow, which waits for segments the rest of the interval;
+    # a failed step stops the run (follow would only resume the failed batch outside its task's retries)
+    assert claim.ignore_downstream_trigger_rules is False
+    assert dag.get_task("follow").trigger_rule == "none_failed"
+    assert {dag.get_task(t).trigger_rule for t in ("transform", "publish", "archive")} == {"all_success"}
 
 
 def test_params_are_empty_so_scheduled_runs_take_the_deployments_settings(dagbag):
@@ -197,3 +204,21 @@ def test_the_schedule_setting_reaches_the_parsed_dag(tmp_path):
     bad = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0       # a bad setting is the DAG's import error (the UI shows it), not a default
     assert "soon" in bad.stderr and "(from environment CASSANDRA_CDC_SCHEDULE) is not a cron expression" in bad.stderr
+
+
+def test_a_run_follows_until_shortly_before_the_next_run_is_due():
+    """follow's window: the next run by the schedule setting as Airflow computes it, less follow_margin_s."""
+    at = datetime(2026, 11, 24, 11, 20, tzinfo=timezone.utc)
+    assert next_run_due("* * * * *", at) == at + timedelta(minutes=1)
+    assert next_run_due("* * * * *", at + timedelta(seconds=30)) == at + timedelta(minutes=1)   # a manual run
+    assert next_run_due("20s", at) == at + timedelta(seconds=20)
+    assert next_run_due("@hourly", at) == datetime(2026, 11, 24, 12, tzinfo=timezone.utc)
+    assert next_run_due(None, at) is None and next_run_due("@once", at) is None
+    cfg = PipelineConfig()
+    assert follow_seconds(cfg, at, at + timedelta(seconds=12)) == 60 - 12 - cfg.follow_margin_s
+    assert follow_seconds(cfg, at, at + timedelta(seconds=70)) == 0.0     # overran: the next run is waiting
+    assert follow_seconds(PipelineConfig(follow_schedule=False), at, at) == 0.0
+    assert follow_seconds(PipelineConfig(schedule=None), at, at) == 0.0
+    for bad in ({"follow_poll_s": 0}, {"follow_poll_s": float("nan")}, {"follow_margin_s": -1}):
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            PipelineConfig(**bad)

@@ -210,6 +210,72 @@ def test_pipeline_killed_at_every_fault_point_then_rerun_publishes_each_event_on
     assert metrics["totals"]["claim.resumed"] >= 5          # the crashed batches were resumed, not re-claimed
 
 
+class FakeTime:
+    """A monotonic clock that only ``sleep`` (and the test) moves; ``on_sleep`` runs at the first sleep."""
+
+    def __init__(self, on_sleep=None):
+        self.now, self.sleeps, self.on_sleep = 0.0, [], on_sleep
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        if self.on_sleep is not None and not self.sleeps:
+            self.on_sleep()
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def test_run_for_takes_what_arrives_in_its_window_stops_at_its_end_and_a_crash_inside_resumes_once(
+        segments, tmp_path, s3_server, s3_bucket, kafka_broker, monkeypatch):
+    """The follow task's loop (steps.run_for): segments shipped while it waits are taken at the next poll; a batch
+    that dies inside the window is the batch the next window's claim resumes, published once; no batch starts
+    after the window, the one in flight finishes; an idle window claims once, then only lists incoming/."""
+    from cdc_lib.pipeline import steps
+    claims = []
+    real_claim = steps.claim
+    monkeypatch.setattr(steps, "claim", lambda *a, **kw: claims.append(real_claim(*a, **kw)) or claims[-1])
+    cfg = _config(tmp_path, s3_server, kafka_broker, s3_bucket, max_segments=3, follow_poll_s=2)
+    raw = _fresh_raw(segments, tmp_path)
+    store = P.open_store(cfg)
+    incoming = Layout.area_prefix(Layout.INCOMING, cfg.cluster)
+
+    class Crash(Exception):
+        pass
+
+    def crash_in_second_batch(point):
+        if point == "publish:produced" and sum(not b.empty for b in claims) == 2:
+            raise Crash()
+    arrive = FakeTime(on_sleep=lambda: _ship(raw, cfg, tmp_path / "agent"))
+    with pytest.raises(Crash):
+        P.run_for(cfg, 60, "run-1", fault=crash_in_second_batch, clock=arrive.clock, sleep=arrive.sleep)
+    assert claims[0].empty and arrive.sleeps == [2]          # nothing yet: it waited one poll, then the segments
+    assert [b.batch_seq for b in claims[1:]] == [1, 2]
+    _assert_nothing_archived_unpublished(cfg)
+
+    def window_ends_in_flight(point):             # the resumed batch outlasts the window
+        if point == "archive:before":
+            late.now = 31
+    late = FakeTime()
+    claims.clear()
+    done = P.run_for(cfg, 30, "run-2", fault=window_ends_in_flight, clock=late.clock, sleep=late.sleep)
+    assert [(b.batch_seq, b.resumed) for b in claims] == [(2, True)]      # the crashed batch, resumed
+    assert [(b.batch_seq, b.state) for b in done] == [(2, "archived")]
+    assert store.list(incoming) and late.sleeps == []        # segments left for the next window
+
+    claims.clear()
+    idle = FakeTime()
+    done = P.run_for(cfg, 30, "run-3", clock=idle.clock, sleep=idle.sleep)
+    assert done and done[0].batch_seq == 3 and store.list(incoming) == []
+    assert len(claims) == len(done) + 1 and claims[-1].empty     # then 15 polls that only list
+    assert idle.now == 30 and len(idle.sleeps) == 15
+    assert {b.claimed_by for b in done} == {"run-3"}
+    assert _assert_exactly_once_in_order(cfg) > 100
+    _assert_topics_replay_to_the_model(cfg, segments[1].mutations)
+    assert P.read_metrics(cfg)["totals"]["claim.resumed"] == 1
+    assert P.run_for(cfg, 0) == []                              # a window of 0: no batch
+
+
 # ------------------------------------------------------------------------------------------------ outages
 
 def test_broker_killed_mid_publish_run_fails_nothing_archived_then_retry_on_its_data(segments, tmp_path, s3_server,

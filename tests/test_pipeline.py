@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -12,6 +13,7 @@ from cdc_lib import pipeline as P
 from cdc_lib.celllog.records import mutation_records, records_to_batch
 from cdc_lib.demo.workload import SAMPLE_SCHEMA_CQL, START_US, Workload, sample_schema
 from cdc_lib.errors import ConfigError
+from cdc_lib.pipeline import steps
 from cdc_lib.sinks.delta import DeltaRsStateStore, read_outbox, run_store_batch
 from cdc_lib.storage.layout import Layout
 from cdc_lib.storage.objects import ObjectStore, sha256_bytes
@@ -65,6 +67,19 @@ def test_byte_limit_still_takes_one_segment(cfg):
     _put_segment(store, "n1", 2, size=5000)
     cfg.max_bytes = 100
     assert len(P.claim(cfg).segments) == 1
+
+
+def test_on_a_local_master_a_batch_stays_small_enough_to_run_in_the_process(cfg):
+    """Segments that arrive together become batches of at most driver_batch_max_bytes (each runs without Spark),
+    unless the batch goes to Spark anyway (driver_batch_max_bytes 0, spark_submit, a cluster master)."""
+    store = P.open_store(cfg)
+    for i in range(1, 6):
+        _put_segment(store, "n1", i, size=1000)
+    cfg.driver_batch_max_bytes = 2500
+    b = P.claim(cfg)
+    assert len(b.segments) == 2 and steps.transform_mode(cfg, b) == "driver"
+    for spark in ({"driver_batch_max_bytes": 0}, {"spark_submit": True}, {"spark_master": "spark://m:7077"}):
+        assert steps.batch_max_bytes(dataclasses.replace(cfg, **spark)) == cfg.max_bytes, spark
 
 
 def test_unfinished_batch_is_resumed_not_reclaimed(cfg):

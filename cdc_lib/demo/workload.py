@@ -596,12 +596,16 @@ class ClusterWrite:
 def write_cluster_segments(out_dir, schema, n_mutations: int, *, nodes: int = 3, rf: int = 3, seed: int = 0,
                            version: int = 7, compression: str | None = None, segment_size: int = 1 << 20,
                            sync_every: int = 50, workload: Workload | None = None, cdc_idx: bool = True,
-                           segment_id_base: int = 1_763_000_000_000) -> ClusterWrite:
+                           segment_id_base: int = 1_763_000_000_000,
+                           skip: dict[str, int] | None = None) -> ClusterWrite:
     """Write ``n_mutations`` generated writes as each replica's commit log: ``out_dir/<node>/CommitLog-*.log``.
 
     Every mutation goes to ``rf`` of the ``nodes`` (all of them with the defaults: RF 3 on 3 nodes), and each
     node receives its copies in its own order (a mutation can reach one replica later than another), so the
-    pipeline sees replica copies and out-of-order arrivals exactly as it would from a real cluster.
+    pipeline sees replica copies and out-of-order arrivals exactly as it would from a real cluster. ``skip``
+    (node name -> n): the node's first n copies are not written (they went to a segment of its commit log that
+    closed before these), so that the nodes' segment boundaries fall at different writes, as in a cluster whose
+    nodes did not start together.
     """
     rnd = random.Random(seed + 1)
     w = workload or Workload(schema, seed=seed)
@@ -620,6 +624,7 @@ def write_cluster_segments(out_dir, schema, n_mutations: int, *, nodes: int = 3,
         d = os.path.join(os.fspath(out_dir), n)
         os.makedirs(d, exist_ok=True)
         per_node[n].sort(key=lambda x: x[0])
+        del per_node[n][:(skip or {}).get(n, 0)]
         paths = []
         seg_id = segment_id_base + ni * 1_000_000
         writer = None

@@ -2,9 +2,10 @@
 
 ``resources`` (what a run is pointed at), ``batches`` (the batch manifest, ledger keys, metrics), ``health``
 (settings that cannot work fail at once; warnings when agents ship nothing or ship another cluster), ``steps``
-(the four steps), ``backfill`` (the backfill DAG's modes), ``requests`` (a backfill's work, batch by batch),
-``bootstrap`` (loading live tables), ``replay`` and ``maintenance`` (the other DAGs' work), ``airflow`` (where a
-DAG run's settings come from: conf, connections, the Variable, environment, file).
+(the four steps), ``follow`` (a scheduled run's further batches until the next run is due), ``backfill`` (the
+backfill DAG's modes), ``requests`` (a backfill's work, batch by batch), ``bootstrap`` (loading live tables),
+``replay`` and ``maintenance`` (the other DAGs' work), ``airflow`` (where a DAG run's settings come from: conf,
+connections, the Variable, environment, file).
 The DAG files call only what this package exports.
 """
 from cdc_lib.settings import PipelineConfig
@@ -17,12 +18,12 @@ from .batches import (FAULT_POINTS, METRICS_KEY, POINTER_KEY, SNAPSHOT_REQUEST_K
 from .health import ARRIVALS_KEY, arrival_warnings, check_run_settings, open_existing_store
 from .maintenance import delta_upkeep, request_sweep
 from .resources import delta_root, load_schema, open_store
-from .steps import archive, claim, publish, run_once, run_until_idle, transform
+from .steps import archive, claim, publish, run_for, run_once, run_until_idle, transform
 
 __all__ = ["ARRIVALS_KEY", "FAULT_POINTS", "METRICS_KEY", "POINTER_KEY", "SETTINGS_VARIABLE", "SNAPSHOT_REQUEST_KEY",
            "STATES", "SWEEP_REQUEST_KEY", "Batch", "PipelineConfig", "PipelineError", "airflow_params",
            "archive", "arrival_warnings", "batch_id_for", "check_run_settings", "claim",
            "config_from_airflow_context", "dag_schedules", "delta_root", "delta_upkeep", "load_schema",
            "open_existing_store", "open_store", "pipeline_config", "publish", "read_batch", "read_metrics",
-           "request_backfill", "request_snapshot", "request_sweep", "run_once", "run_until_idle", "save_batch",
-           "spark_session", "stop_spark", "transform"]
+           "request_backfill", "request_snapshot", "request_sweep", "run_for", "run_once", "run_until_idle",
+           "save_batch", "spark_session", "stop_spark", "transform"]

@@ -22,6 +22,9 @@ finds what is done and does the rest:
    (copy, verify, then delete; ``ARCHIVE_THREADS`` segments at once); a segment in which bytes were damaged moves
    to ``quarantined/`` with a reason naming every damaged position instead (its readable entries were processed).
 
+``run_once`` is the four steps of one batch in one process; ``run_for`` takes batch after batch for a window (a
+scheduled run's ``follow`` task, ``pipeline.follow``), each one a ``run_once``.
+
 Backfill, replay and maintenance batches run through the same steps (see ``backfill``, ``replay`` and
 ``maintenance``); a pending replay request is claimed before new segments.
 
@@ -185,8 +188,9 @@ def claim(config: PipelineConfig, run_id: str = "", *, fault: Fault = no_fault,
         size = sum(s["size"] for s in chosen)
     else:
         backfill = {}
+        max_bytes = batch_max_bytes(config)
         for seg in candidates:
-            if chosen and (len(chosen) >= config.max_segments or size + seg["size"] > config.max_bytes):
+            if chosen and (len(chosen) >= config.max_segments or size + seg["size"] > max_bytes):
                 break
             chosen.append(seg)
             size += seg["size"]
@@ -228,6 +232,16 @@ def claim(config: PipelineConfig, run_id: str = "", *, fault: Fault = no_fault,
     fault("claim:pointer_written")
     record_metrics(store, "claim", counters)
     return batch
+
+
+def batch_max_bytes(config: PipelineConfig) -> int:
+    """The most bytes of segments claim puts in a batch: ``max_bytes``, and on a local master (no spark_submit)
+    at most ``driver_batch_max_bytes``, so that every stream batch runs in the transform's own process: there,
+    with the compiled engine, a batch is faster than on Spark's local tasks and pays no session start, which is
+    what keeps a segment's wait short (``run_for``). ``driver_batch_max_bytes`` 0 (always Spark) lifts the cap."""
+    if config.spark_submit or not config.spark_master.startswith("local") or not config.driver_batch_max_bytes:
+        return config.max_bytes
+    return min(config.max_bytes, config.driver_batch_max_bytes)
 
 
 def _backlog(candidates: list) -> dict:
@@ -596,6 +610,40 @@ def run_once(config: PipelineConfig, run_id: str = "", *, fault: Fault = no_faul
     batch = transform(config, batch, fault=fault, spark=spark)
     batch = publish(config, batch, fault=fault)
     return archive(config, batch, fault=fault)
+
+
+def run_for(config: PipelineConfig, seconds: float, run_id: str = "", *, fault: Fault = no_fault, spark=None,
+            clock=time.monotonic, sleep=time.sleep) -> list:
+    """Take batches (``run_once``) for ``seconds``, in this process; returns the batches processed.
+
+    What a scheduled run does after its first batch (``follow_schedule``), so that a segment uploaded during the
+    schedule interval waits for the next poll, not for the next run: batches follow one another while claim finds
+    work; when it finds none, ``incoming/`` is listed every ``follow_poll_s`` and claim runs again once the listing
+    changed (or while an upload is incomplete), so an idle window writes nothing to the store. No new batch starts
+    after ``seconds``; the batch in flight then finishes. What is paid once per process is paid once per window:
+    the imports, the store client, and the Spark session when a batch runs on Spark.
+
+    Each batch is an ordinary run_once (claim's manifest and pointer first), so a crash anywhere leaves a batch that
+    the next claim resumes, exactly as after a crashed run. ``clock``/``sleep``: monotonic seconds and waiting
+    (tests pass their own).
+    """
+    deadline = clock() + seconds
+    store = open_store(config)
+    incoming = Layout.area_prefix(Layout.INCOMING, config.cluster)
+    done: list = []
+    idle_listing = None         # incoming/ as the last claim that found nothing saw it
+    while clock() < deadline:
+        listing = store.list(incoming)
+        if listing != idle_listing:
+            batch = run_once(config, run_id, fault=fault, spark=spark)
+            if not batch.empty:
+                done.append(batch)
+                idle_listing = None
+                continue
+            # an upload still without its sidecar completes without changing the listing: look again next poll
+            idle_listing = None if batch.steps["claim"].get("incomplete_uploads") else listing
+        sleep(max(0.0, min(config.follow_poll_s, deadline - clock())))
+    return done
 
 
 def run_until_idle(config: PipelineConfig, *, max_runs: int = 100, spark=None) -> list:
