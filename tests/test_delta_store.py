@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from event_invariant import check_events
 from reference_model import json_table, published_states
@@ -98,6 +98,7 @@ def _replay_outbox(root, n_batches):
 
 @settings(max_examples=6, deadline=None)
 @given(st.integers(0, 2 ** 32))
+@example(seed=99154)    # a counter shard with a lower clock but a later timestamp, uncovered by a later row deletion
 def test_state_matches_model_and_outbox_replays(tmp_path_factory, seed):
     """Random RF 3 streams cut at arbitrary points: state == model after each batch, outbox replays to it."""
     root = tmp_path_factory.mktemp("delta")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import uuid
 from unittest import mock
 
 import pyarrow as pa
@@ -21,12 +22,15 @@ from celllog_diff import require
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_state_properties import Gen, make_table
+from test_state_rules import PK as RULES_PK
+from test_state_rules import make_table as make_rules_table
 
 from cdc_lib.celllog.records import mutation_records
 from cdc_lib.celllog.schema import CELL_LOG_SCHEMA
-from cdc_lib.commitlog.model import Mutation
+from cdc_lib.commitlog.model import Cell, DeletionTime, Mutation, PartitionUpdate, Row
+from cdc_lib.commitlog.mutation import finish_update
 from cdc_lib.cql.schema import REGULAR, STATIC, ColumnMask, ColumnMetadata, DroppedColumn, TableMetadata
-from cdc_lib.cql.types import parse_type
+from cdc_lib.cql.types import encode_counter_context, parse_type
 from cdc_lib.sinks.delta import (EVENT_FIELDS, META_PREFIX, change_rows, merge_source_schema, outbox_row,
                                  rows_to_arrow, table_outputs)
 from cdc_lib.state import native
@@ -67,6 +71,11 @@ def compare_engines(seed: int, counter: bool = False, threads: int = 3, dropped:
     """Run one workload through both engines (the compiled one on ``threads`` threads, so that its partitions are
     split between threads and their outputs joined); assert equal outputs after every batch. Returns counts."""
     rng, table, batches = _batches(seed, counter, dropped)
+    return compare_batches(table, batches, rng, threads, f"seed {seed}")
+
+
+def compare_batches(table, batches, rng: random.Random, threads: int = 3, label: str = "") -> dict:
+    """``compare_engines`` on given batches of mutations (``now`` moves on by ``rng``)."""
     states: dict = {}
     now, prev = 100, None
     seen = {"events": 0, "rows": 0, "python partitions": 0}
@@ -82,7 +91,7 @@ def compare_engines(seed: int, counter: bool = False, threads: int = 3, dropped:
         events, source, changed = table_outputs(table, pa.Table.from_pylist(records, schema=CELL_LOG_SCHEMA),
                                                 _stored_rows(table, states, keys | set(expiring)), now,
                                                 prev_now=prev, expiring=expiring, batch_seq=9, threads=threads)
-        where = f"seed {seed}, batch {i}"
+        where = f"{label}, batch {i}"
         assert events.select(list(EVENT_FIELDS)).to_pylist() == want_events, where
         assert events.column("partition_key").to_pylist() == [r.partition_key for r in results for _ in r.events]
         assert events.column("idx").to_pylist() == [j for r in results for j in range(len(r.events))]
@@ -114,6 +123,26 @@ def test_compiled_engine_equals_python_engine_on_counters(seed):
 @given(st.integers(0, 2 ** 32))
 def test_compiled_engine_equals_python_engine_with_a_dropped_and_re_added_column(seed):
     compare_engines(seed, dropped=True)
+
+
+def test_compiled_engine_keeps_the_counter_shards_a_later_deletion_uncovers():
+    """A shard with clock 3 at ts 10 and one with clock 2 at ts 30 (both kept), then a row deletion at ts 20 in the
+    next batch: the clock-2 shard shows (n = 9), an update event from 12, in both engines (the rule itself:
+    ``test_state_rules.py``, the deletion that uncovers a lower-clocked counter shard)."""
+    table = make_rules_table(counter=True)
+    clustering = (table.clustering[0].type.encode(1),)
+
+    def mutation(i, row):
+        u = finish_update(PartitionUpdate(table.id, RULES_PK, table, unfiltereds=[row]))
+        return Mutation([u], "CommitLog-7-1.log", 1, 100 + i, mutation_id=bytes([i]) * 16)
+
+    def increment(ts, clock, count):
+        ctx = encode_counter_context([(uuid.UUID(int=1), clock, count, "global")])
+        return Row(clustering, cells=[Cell("n", ctx, ts)])
+    batches = [[mutation(0, increment(10, 3, 12)), mutation(1, increment(30, 2, 9))],
+               [mutation(2, Row(clustering, deletion=DeletionTime(20, 5)))]]
+    seen = compare_batches(table, batches, random.Random(0), threads=1, label="counter shards")
+    assert seen["events"] == 2      # c (n = 12), then u (12 -> 9)
 
 
 def test_the_comparison_sees_events_and_rows_from_the_compiled_engine():

@@ -15,8 +15,9 @@ from cdc_lib.cql import types as cqltypes
 from cdc_lib.cql.schema import CLUSTERING, PARTITION_KEY, REGULAR, STATIC, ColumnMetadata, DroppedColumn, TableMetadata
 from cdc_lib.errors import CqlValueError
 from cdc_lib.state.reconcile import (STATE_SCHEMA, STATIC_KEY, PartitionState, StateError, apply_record, compare_values,
-                                     counter_context_total, merge_counter_contexts, partition_from_records,
-                                     partition_to_records, reconcile_cells, visible_row, visible_rows)
+                                     counter_context_total, merge_counter_contexts, partition_cell_records,
+                                     partition_from_records, partition_to_records, reconcile_cells, visible_row,
+                                     visible_rows)
 
 T = cqltypes.parse_type
 INT = T("int")
@@ -295,6 +296,24 @@ def test_counter_tombstone_wins_whatever_its_timestamp():
     recs = [rec("row_liveness", 1, ck(1)), rec("cell", 10, ck(1), "n", ctx((1, 1, 5, "global"))),
             rec("cell_tombstone", 5, ck(1), "n", b"", ldt=3)]
     assert row(recs, table=table)["n"] is None
+
+
+def test_a_deletion_uncovers_a_lower_clocked_counter_shard_written_after_it_whatever_the_order():
+    """A leader's shard with a higher clock can carry an older timestamp than one with a lower clock (coordinators'
+    clocks differ). A row deletion between the two timestamps shadows the higher-clocked shard only, so the
+    lower-clocked one shows, in every arrival order (the engine once kept only the winning shard per counter
+    id, so a deletion arriving after both cells hid the counter; found by ``test_delta_store`` with seed 99154)."""
+    table = make_table(counter=True)
+    recs = [rec("cell", 10, ck(1), "n", ctx((1, 3, 12, "global"), (2, 1, 100, "global"))),
+            rec("cell", 30, ck(1), "n", ctx((1, 2, 9, "global"))),
+            rec("row_deletion", 20, ck(1), ldt=5)]
+    assert row(recs[:2], table=table)["n"] == 112            # before the deletion the higher clock wins
+    assert row(recs, table=table)["n"] == 9
+    # the shards stored for it survive the state table's round trip and rebuild the same state as cell records
+    part = state_of(recs, table=table)
+    back = pa.Table.from_pylist(partition_to_records(PK, part), schema=STATE_SCHEMA).to_pylist()
+    assert partition_from_records(back) == part
+    assert state_of(partition_cell_records(part, PK, table), table=table, orders=False) == part
 
 
 # ---- the join ----------------------------------------------------------------------------------------------

@@ -15,8 +15,9 @@ Layout (plain tuples and dicts; every field is Arrow-friendly through ``partitio
 * ``RowState``: ``liveness``, ``deletion`` (regular row tombstone), ``shadowable`` (materialized-view
   shadowable tombstone), ``cells`` {column: cell} for simple columns, ``complex`` {column: [deletion|None,
   {path: cell}]} for non-frozen collections and UDTs; a counter column keeps
-  its shards there too ({counter id: (ts, 0, NO_DELETION_TIME, False, kind byte + clock + count)}, kind 2
-  global / 1 local / 0 remote) and a counter tombstone in ``cells``.
+  its shards there too ({counter id + 8-byte timestamp: (ts, 0, NO_DELETION_TIME, False, kind byte + clock +
+  count)}, kind 2 global / 1 local / 0 remote; every shard no other of its id beats on both rank and timestamp,
+  see ``_apply_counter``) and a counter tombstone in ``cells``.
 * ``PartitionState``: ``deletion`` (partition tombstone), ``range_tombstones`` {(start, start_inclusive, end,
   end_inclusive): deletion} with bounds as ``celllog.encode_clustering`` bytes, ``static`` (a RowState),
   ``rows`` {clustering bytes: RowState}.
@@ -764,17 +765,22 @@ def _apply_to_row(info: _TableInfo, row: RowState, rec, kind: str, ts: int, ldt:
     raise StateError(f"unknown cell-log kind {kind!r}")
 
 
-def _shard_key(cell: tuple) -> tuple:
+def _shard_rank(cell: tuple) -> tuple:
+    """(kind rank, clock, count) of a stored shard: the order ``CounterContext.merge`` picks a shard by."""
     v = cell[4]
-    return (v[0], _signed(v[1:9]), _signed(v[9:17]), cell[0])
+    return v[0], _signed(v[1:9]), _signed(v[9:17])
 
 
 def _apply_counter(row: RowState, column: str, ts: int, context: bytes) -> bool:
-    """Join a live counter cell: its shards become elements of ``row.complex[column]`` keyed by counter id.
+    """Join a live counter cell: its shards become elements of ``row.complex[column]``.
 
-    Keeping each shard with the timestamp of the cell that brought it lets deletions shadow exactly the
+    Each shard is kept with the timestamp of the cell that brought it, so that deletions shadow exactly the
     shards written at or before them whatever the arrival order (Cassandra merges a context's timestamp to
-    the maximum, which makes "delete, then increment" depend on compaction timing).
+    the maximum, which makes "delete, then increment" depend on compaction timing). Per counter id that takes
+    more than the winning shard: a shard with a lower clock but a later timestamp (a coordinator whose clock
+    runs behind) wins once a deletion between the two timestamps shadows the other. So every shard no other
+    shard of its id beats on both counts (rank and timestamp) is kept, keyed by counter id + timestamp; a
+    reader takes, per id, the best rank among the shards no deletion covers.
     """
     if not context:
         return False
@@ -783,13 +789,31 @@ def _apply_counter(row: RowState, column: str, ts: int, context: bytes) -> bool:
         entry = row.complex[column] = [None, {}]
     shards = entry[1]
     changed = False
-    for cid, (kind, clock, count) in _parse_context(context).items():
-        new = (ts, 0, NO_DELETION_TIME, False, bytes((kind,)) + struct.pack(">qq", clock, count))
-        cur = shards.get(cid)
-        if cur is None or _shard_key(new) > _shard_key(cur):
-            shards[cid] = new
-            changed = True
+    for cid, rank in _parse_context(context).items():
+        same = [(p, _shard_rank(c), c[0]) for p, c in shards.items() if p[:16] == cid]
+        if any(r >= rank and t >= ts for _, r, t in same):
+            continue
+        for p, r, t in same:
+            if r <= rank and t <= ts:
+                del shards[p]
+        kind, clock, count = rank
+        shards[cid + struct.pack(">q", ts)] = (ts, 0, NO_DELETION_TIME, False,
+                                               bytes((kind,)) + struct.pack(">qq", clock, count))
+        changed = True
     return changed
+
+
+def _counter_shards_total(shards, floor: int) -> Optional[int]:
+    """The total a counter shows from its shard elements written after ``floor``: per counter id the best
+    shard, summed; None when no shard is left."""
+    best: dict = {}
+    for p, c in shards.items():
+        if c[0] > floor:
+            r = _shard_rank(c)
+            cur = best.get(p[:16])
+            if cur is None or r > cur:
+                best[p[:16]] = r
+    return sum(r[2] for r in best.values()) if best else None
 
 
 def counter_shards_context(shards: dict) -> bytes:
@@ -847,9 +871,9 @@ def partition_cell_records(part: PartitionState, partition_key: bytes = b"", tab
             if d is not None:
                 rec(KIND_COMPLEX_DELETION, d[0], d[1], clustering=ck, is_static=is_static, column=col)
             if table is not None and _is_counter_column(table, col):
-                for cid, c in cells.items():
+                for path, c in cells.items():
                     rec(KIND_CELL, c[0], c[2], clustering=ck, is_static=is_static, column=col,
-                        value=counter_shards_context({cid: c}))
+                        value=counter_shards_context({path[:16]: c}))
                 continue
             for path, c in cells.items():
                 rec(KIND_CELL_TOMBSTONE if c[3] else KIND_CELL, c[0], c[2], clustering=ck, is_static=is_static,
@@ -935,9 +959,9 @@ def _row_image(info: _TableInfo, table, row: RowState, now: int, extra_shadow: i
             tomb = row.cells.get(col)
             if tomb is not None and tomb[0] > shadow:
                 continue      # a counter tombstone beats every counter cell (CASSANDRA-7346)
-            shards = [c for c in cells.values() if c[0] > floor]
-            if shards:
-                image[col] = sum(_signed(c[4][9:17]) for c in shards)
+            total = _counter_shards_total(cells, floor)
+            if total is not None:
+                image[col] = total
             continue
         items = tuple(sorted((p, c[4]) for p, c in cells.items()
                              if c[0] > floor and not c[3] and (not c[1] or now < c[2])))

@@ -306,12 +306,14 @@ fn parse_context(ctx: &[u8]) -> D<Vec<(Vec<u8>, (u8, i64, i64))>> {
     Ok(out)
 }
 
-fn shard_key(c: &Cell) -> (u8, i64, i64, i64) {
+/// `reconcile._shard_rank`: (kind rank, clock, count) of a stored shard.
+fn shard_rank(c: &Cell) -> (u8, i64, i64) {
     let v = &c.value;
-    (v[0], i64::from_be_bytes(v[1..9].try_into().unwrap()), i64::from_be_bytes(v[9..17].try_into().unwrap()), c.ts)
+    (v[0], i64::from_be_bytes(v[1..9].try_into().unwrap()), i64::from_be_bytes(v[9..17].try_into().unwrap()))
 }
 
-/// `_apply_counter`: a live counter cell's shards become elements keyed by counter id.
+/// `_apply_counter`: a live counter cell's shards become elements keyed by counter id + timestamp; per id
+/// every shard no other shard of that id beats on both rank and timestamp is kept.
 fn apply_counter(row: &mut RowState, column: ColId, ts: i64, context: &[u8]) -> D<bool> {
     if context.is_empty() {
         return Ok(false);
@@ -319,20 +321,30 @@ fn apply_counter(row: &mut RowState, column: ColId, ts: i64, context: &[u8]) -> 
     let shards = parse_context(context)?; // parsed first: Python creates the entry, then may raise
     let (entry, _) = row.complex_mut(column);
     let mut changed = false;
-    for (cid, (kind, clock, count)) in shards {
+    for (cid, rank) in shards {
+        let same: Vec<(Vec<u8>, (u8, i64, i64), i64)> = entry
+            .cells
+            .iter()
+            .filter(|(p, _)| p.get(..16) == Some(&cid[..]))
+            .map(|(p, c)| (p.clone(), shard_rank(c), c.ts))
+            .collect();
+        if same.iter().any(|(_, r, t)| *r >= rank && *t >= ts) {
+            continue;
+        }
+        for (p, r, t) in &same {
+            if *r <= rank && *t <= ts {
+                entry.cells.remove(p);
+            }
+        }
+        let (kind, clock, count) = rank;
         let mut value = Vec::with_capacity(17);
         value.push(kind);
         value.extend_from_slice(&clock.to_be_bytes());
         value.extend_from_slice(&count.to_be_bytes());
-        let new = Cell { ts, ttl: 0, ldt: NO_DELETION_TIME, tomb: false, value };
-        let better = match entry.cells.get(&cid) {
-            None => true,
-            Some(cur) => shard_key(&new) > shard_key(cur),
-        };
-        if better {
-            entry.cells.insert(cid, new);
-            changed = true;
-        }
+        let mut path = cid;
+        path.extend_from_slice(&ts.to_be_bytes());
+        entry.cells.insert(path, Cell { ts, ttl: 0, ldt: NO_DELETION_TIME, tomb: false, value });
+        changed = true;
     }
     Ok(changed)
 }
@@ -615,15 +627,27 @@ pub fn row_image(t: &Table, row: &RowState, now: i64) -> D<Option<Image>> {
             if matches!(row.cell(*col), Some(tomb) if tomb.ts > shadow) {
                 continue;
             }
-            let mut total: i128 = 0;
-            let mut any = false;
-            for sc in e.cells.values() {
+            // `_counter_shards_total`: per counter id the best shard no deletion covers, summed
+            let mut best: Vec<(&[u8], (u8, i64, i64))> = Vec::new();
+            for (p, sc) in &e.cells {
                 if sc.ts > floor {
-                    any = true;
-                    total += i64::from_be_bytes(sc.value.get(9..17).ok_or(Doubt)?.try_into().unwrap()) as i128;
+                    if sc.value.len() < 17 {
+                        return Err(Doubt);
+                    }
+                    let r = shard_rank(sc);
+                    let cid = p.get(..16).unwrap_or(&p[..]);
+                    match best.iter_mut().find(|x| x.0 == cid) {
+                        Some(x) => {
+                            if r > x.1 {
+                                x.1 = r;
+                            }
+                        }
+                        None => best.push((cid, r)),
+                    }
                 }
             }
-            if any {
+            if !best.is_empty() {
+                let total: i128 = best.iter().map(|x| x.1 .2 as i128).sum();
                 image.push((*col, IVal::Counter(total)));
             }
             continue;
