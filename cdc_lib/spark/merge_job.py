@@ -443,8 +443,7 @@ def _table_runs(rows: pa.Table):
     tids = rows.column("table_id")
     if not len(tids):
         return
-    changes = pc.not_equal(tids.slice(1), tids.slice(0, len(tids) - 1)).to_numpy(zero_copy_only=False)
-    starts = np.concatenate([[0], np.flatnonzero(changes) + 1, [len(tids)]])
+    starts = np.concatenate([[0], np.flatnonzero(_changes(tids)) + 1, [len(tids)]])
     names = [tids[int(i)].as_py() for i in starts[:-1]]
     if len(set(names)) == len(names):
         for tid, start, end in zip(names, starts[:-1], starts[1:]):
@@ -458,10 +457,14 @@ def _partition_starts(b: pa.RecordBatch, last: Optional[tuple]):
     """Indices of the rows of ``b`` (sorted by ``GROUP_ORDER``) that begin a partition; ``last``: the (table id,
     partition key) of the row before ``b``."""
     tid, pk = b.column("table_id"), b.column("partition_key")
-    differs = pc.or_(pc.not_equal(tid.slice(1), tid.slice(0, len(tid) - 1)),
-                     pc.not_equal(pk.slice(1), pk.slice(0, len(pk) - 1)))
     first = last is None or (tid[0].as_py(), pk[0].as_py()) != last
-    return np.flatnonzero(np.concatenate([[first], differs.to_numpy(zero_copy_only=False)]))
+    return np.flatnonzero(np.concatenate([[first], _changes(tid) | _changes(pk)]))
+
+
+def _changes(column) -> np.ndarray:
+    """Per row after the first of ``column`` (sorted into runs of equal values): whether it differs from the row
+    before, i.e. begins a run."""
+    return pc.not_equal(column.slice(1), column.slice(0, len(column) - 1)).to_numpy(zero_copy_only=False)
 
 
 def _state_out_row(table, rows: pa.Table) -> dict:

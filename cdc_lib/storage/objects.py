@@ -195,8 +195,8 @@ class ObjectStore:
     def _write_sidecar(self, key: str, checksum: str, attributes: dict[str, str] | None = None) -> None:
         self._write(key + CHECKSUM_SUFFIX, iter([_sidecar_text(key, checksum, attributes)]))
 
-    def _read_sidecar(self, key: str) -> tuple[str | None, dict[str, str]]:
-        """(checksum, attributes) of ``key``'s sidecar; (None, {}) when there is none."""
+    def sidecar(self, key: str) -> tuple[str | None, dict[str, str]]:
+        """(checksum, attributes) of ``key``'s sidecar; (None, {}) when it has none (not complete)."""
         try:
             text = self._read_all(key + CHECKSUM_SUFFIX).decode("ascii", "replace")
         except ObjectNotFound:
@@ -345,14 +345,10 @@ class ObjectStore:
         except ObjectNotFound:
             return False
 
-    def sidecar(self, key: str) -> tuple[str | None, dict[str, str]]:
-        """(checksum, attributes) of ``key``'s sidecar; (None, {}) when it has none (not complete)."""
-        return self._read_sidecar(key)
-
     def info(self, key: str) -> ObjectInfo:
         """Size and sidecar checksum (None if the object has no sidecar). ObjectNotFound if absent."""
         size = self._size(key)
-        checksum, attributes = self._read_sidecar(key)
+        checksum, attributes = self.sidecar(key)
         return ObjectInfo(key, size, checksum, attributes)
 
     def committed_at(self, key: str) -> float:
