@@ -83,6 +83,11 @@ def test_spark_batches_equal_the_core_and_the_model(spark, cluster, tmp_path, mo
                                  now=nows[i], prev_now=nows[i - 1] if i else None, cluster="c1"))
     assert results[0].events > 0 and results[0].outbox_written and results[0].tables
     assert mb.LAST_TIMINGS["mode"] == ("driver" if mode == "driver" else "spark")
+    # every event was made by the engine CASSANDRA_CDC_NATIVE picks, in this process or in the Spark tasks (their
+    # Python workers run this environment and this venv)
+    from cdc_lib.state import native as native_state
+    engine = "compiled" if native_state.enabled() else "python"
+    assert [r.events_by_engine for r in results] == [{engine: r.events} for r in results]
 
     # damaged entries of the torn copy are in quarantine, with why
     assert results[1].damaged, "the torn segment must produce damage"
@@ -153,13 +158,16 @@ def test_compiled_engine_gives_the_python_engines_outbox_and_state(cluster, tmp_
         compiled_calls.clear()
         roots[mode] = root = tmp_path / f"native{mode}"
         for i, (paths, now, prev, _) in enumerate(runs):
-            run_batch(None, paths, root=str(root), schema=schema, batch_id=f"b{i}", batch_seq=i + 1, now=now,
-                      prev_now=prev, cluster="c1")
+            res = run_batch(None, paths, root=str(root), schema=schema, batch_id=f"b{i}", batch_seq=i + 1, now=now,
+                            prev_now=prev, cluster="c1")
+            assert res.events_by_engine == ({"compiled" if mode == "1" else "python": res.events} if res.events
+                                            else {}), i
         # a backfill of another store: r events, which only the Python engine makes
         n = len(compiled_calls)
-        run_batch(None, batches[0], root=str(root / "backfill"), schema=schema, batch_id="r0", batch_seq=1,
-                  now=NOW0 + 30, cluster="c1", create_op="r")
+        res = run_batch(None, batches[0], root=str(root / "backfill"), schema=schema, batch_id="r0", batch_seq=1,
+                        now=NOW0 + 30, cluster="c1", create_op="r")
         assert len(compiled_calls) == n
+        assert res.events_by_engine == {"python": res.events}
         assert bool(compiled_calls) == (mode == "1")
     for i in range(len(runs)):
         assert list(read_outbox(str(roots["1"]), f"b{i}")) == list(read_outbox(str(roots["0"]), f"b{i}")), i

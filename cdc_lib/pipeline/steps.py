@@ -375,7 +375,7 @@ def _run_transform(config: PipelineConfig, store: ObjectStore, root: str, schema
         res = run_job(config, ["--store-url", store.url, "--batch-id", batch.batch_id, "--schema-file",
                                str(config.schema_file), "--cluster", config.cluster, "--app-id", config.app_id,
                                *keystore])
-        return {"mode": mode, "events": res.get("events", 0),
+        return {"mode": mode, "events": res.get("events", 0), "events_by_engine": res.get("events_by_engine", {}),
                 "state_rows_written": sum(res.get("tables", {}).values()), "job_stages_s": res.get("timings", {})}
     from cdc_lib.spark.merge_job import run_batch
     counters: dict = {"mode": mode}
@@ -401,7 +401,8 @@ def _run_transform(config: PipelineConfig, store: ObjectStore, root: str, schema
                     cluster=config.cluster, app_id=config.app_id, store_url=store.url,
                     store_options=config.fs_options(), checksums=checksums, keys=encryption_keys(config),
                     fail_hook=hook, **extra)
-    counters.update(events=res.events, state_rows_written=sum(res.tables.values()))
+    counters.update(events=res.events, events_by_engine=res.events_by_engine,
+                    state_rows_written=sum(res.tables.values()))
     if load == "cql":
         counters.update(loaded=load_progress(store, batch, res.loaded), scanned_ranges=len(res.loaded),
                         scanned_rows=sum(s["rows"] for s in res.loaded))

@@ -116,7 +116,12 @@ OUT_SCHEMA = pa.schema([
     pa.field("ts_ms", pa.int64()),
     pa.field("payload", pa.binary()),           # state: Arrow IPC stream of change rows
     pa.field("n_rows", pa.int64()),
+    pa.field("engine", pa.string()),            # event: the state engine that made it (ENGINES)
 ])
+# The state engines, as an event's ``engine`` and ``BatchResult.events_by_engine`` name them: ``compiled``, the
+# compiled engine's path (``sinks.delta.table_outputs``: the partitions it doubts run in Python inside it), or
+# ``python`` (``state.batch.process_partition``: the compiled engine is off or missing, or a backfill table).
+ENGINES = ("compiled", "python")
 GROUP_ORDER = ("keyspace", "table", "table_id", "token", "partition_key")      # cell log columns
 EVENT_ORDER = ("t_keyspace", "t_name", "table_id", "token", "partition_key", "idx")     # publish order
 EVENT_COLUMNS = ("event_id", "t_keyspace", "t_name", "op", "key_json", "event_json", "ts_us", "ts_ms")
@@ -136,6 +141,10 @@ class BatchResult:
     skipped_tables: list = field(default_factory=list)
     damaged: list = field(default_factory=list)     # quarantine keys
     loaded: list = field(default_factory=list)      # token ranges scanned, SSTables read (``_load_summary``)
+    # events per state engine (``ENGINES``), counted where they were made (the driver or the Spark tasks): how an
+    # operator sees that the compiled engine really ran, on every executor. A retried Spark task's events are
+    # counted once (Spark keeps one attempt's output).
+    events_by_engine: dict = field(default_factory=dict)
 
 
 def _spark_schema(schema: pa.Schema):
@@ -358,7 +367,7 @@ def _reconcile(schema, root: str, storage_options: dict, app_id: str, versions: 
                 out_rows.append({"out_kind": "event", "table_id": tid, "t_keyspace": ks, "t_name": name,
                                  "token": tok, "partition_key": pk, "idx": i, "event_id": row["event_id"],
                                  "op": row["op"], "key_json": row["key_json"], "event_json": row["event_json"],
-                                 "ts_us": row["ts_us"], "ts_ms": row["ts_ms"]})
+                                 "ts_us": row["ts_us"], "ts_ms": row["ts_ms"], "engine": "python"})
             if res.changed:
                 change += change_rows(table, pk, res.prior, res.state, now, batch_seq, tok)
         if change:
@@ -387,7 +396,8 @@ def _reconcile(schema, root: str, storage_options: dict, app_id: str, versions: 
             **{c: events.column(c) for c in ("event_id", "op", "key_json", "event_json", "ts_us")},
             # the Python engine's events carry ts_ms = now in ms (process_partition passes no ts_ms)
             "ts_ms": pa.repeat(pa.scalar(now * 1000, pa.int64()), n),
-            "payload": pa.nulls(n, pa.binary()), "n_rows": pa.nulls(n, pa.int64())}, schema=OUT_SCHEMA)
+            "payload": pa.nulls(n, pa.binary()), "n_rows": pa.nulls(n, pa.int64()),
+            "engine": pa.repeat(pa.scalar("compiled"), n)}, schema=OUT_SCHEMA)
         if source.num_rows:
             out = pa.concat_tables([out, pa.Table.from_pylist([_state_out_row(table, source)], schema=OUT_SCHEMA)])
         return out
@@ -566,7 +576,7 @@ def run_batch(spark, segments, *, root: str, storage_options: Optional[dict] = N
                  batch_seq=batch_seq, timings=timings)
     if spark is None:
         timings["mode"] = "driver"
-        result.damaged, result.loaded, events, states = _run_in_driver(
+        result.damaged, result.loaded, events, states, result.events_by_engine = _run_in_driver(
             paths, marks, parse=parse, reconcile=reconcile, timings=timings, parallelism=parallelism)
         if on_loaded is not None and result.loaded:
             on_loaded(result.loaded)
@@ -643,13 +653,14 @@ def _run_in_spark(spark, paths: list, marks: list, *, parse, reconcile, write: d
         try:
             with _timed(timings, "group_reconcile"):
                 # per task: its events (to number them) and, per table, the change rows it holds
-                counts = (out.groupBy(F.spark_partition_id().alias("task"), "out_kind", "table_id")
+                counts = (out.groupBy(F.spark_partition_id().alias("task"), "out_kind", "table_id", "engine")
                              .agg(F.count(F.lit(1)).alias("n"), F.sum("n_rows").alias("rows")).collect())
             events_per_task: dict = {}
             rows_per_table: dict = {}
             for r in counts:
                 if r["out_kind"] == "event":
                     events_per_task[r["task"]] = events_per_task.get(r["task"], 0) + r["n"]
+                    result.events_by_engine[r["engine"]] = result.events_by_engine.get(r["engine"], 0) + r["n"]
                 else:
                     rows_per_table[r["table_id"]] = rows_per_table.get(r["table_id"], 0) + int(r["rows"])
             result.events = sum(events_per_task.values())
@@ -782,7 +793,7 @@ def _run_in_driver(paths: list, marks: list, *, parse, reconcile, timings: dict,
     are read at once (threads: for token ranges, which wait on Cassandra).
 
     Returns (damage quarantine keys, loaded ranges and SSTables, events table sorted in publish order, state rows of
-    ``OUT_SCHEMA``). Memory: the batch's cell log (bounded by ``driver_batch_max_bytes`` of segments, or the
+    ``OUT_SCHEMA``, events per state engine). Memory: the batch's cell log (bounded by ``driver_batch_max_bytes`` of segments, or the
     rows of the token ranges of a backfill batch) and its output.
     """
     import pyarrow.compute as pc
@@ -834,4 +845,5 @@ def _run_in_driver(paths: list, marks: list, *, parse, reconcile, timings: dict,
         else:
             events = events.take(order)
         states = out.filter(pc.equal(kind, "state"))
-    return damaged, loaded, events, states
+        by_engine = {c["values"]: c["counts"] for c in pc.value_counts(out.column("engine").filter(is_event)).to_pylist()}
+    return damaged, loaded, events, states, by_engine
