@@ -44,6 +44,7 @@ from typing import Optional
 
 from cdc_lib.commitlog.segment import DAMAGE_KINDS
 from cdc_lib.errors import CdcError, ConfigError
+from cdc_lib.gcpause import gc_paused
 from cdc_lib.settings import PipelineConfig
 from cdc_lib.spark.session import spark_session
 from cdc_lib.spark.submit import run_job
@@ -507,15 +508,20 @@ def publish(config: PipelineConfig, batch, *, fault: Fault = no_fault) -> Batch:
     t0 = time.monotonic()
     fault("publish:before")
     tally: dict = {"by_op": {}, "by_table": {}, "by_table_op": {}}
-    events = _outbox_events(config, delta_root(config, store), batch, tally, codec)
-    publisher = KafkaPublisher(config.kafka_bootstrap, store, ledger_prefix=Layout.LEDGER,
-                               num_partitions=config.kafka_partitions,
-                               replication_factor=config.kafka_replication_factor,
-                               topic_config=config.kafka_topic_config, client_config=config.kafka_config,
-                               transactional_id=transactional_id(config) if config.kafka_transactions else None,
-                               timeout_s=config.kafka_timeout_s,
-                               fault=None if fault is no_fault else lambda point, **info: fault(f"publish:{point}"))
-    res = publisher.publish_batch(batch.batch_id, events)
+    hook = None if fault is no_fault else lambda point, **info: fault(f"publish:{point}")
+    # An event object per outbox row, all held until Kafka has them: acyclic, and the cyclic collector would only
+    # rescan them.
+    with gc_paused():
+        events = _outbox_events(config, delta_root(config, store), batch, tally, codec)
+        publisher = KafkaPublisher(config.kafka_bootstrap, store, ledger_prefix=Layout.LEDGER,
+                                   num_partitions=config.kafka_partitions,
+                                   replication_factor=config.kafka_replication_factor,
+                                   topic_config=config.kafka_topic_config, client_config=config.kafka_config,
+                                   transactional_id=transactional_id(config) if config.kafka_transactions else None,
+                                   timeout_s=config.kafka_timeout_s,
+                                   fault=hook)
+        res = publisher.publish_batch(batch.batch_id, events)
+        del events
     in_kafka = time.time()
     # Lag per segment, to its events in Kafka: from its close on the node (end_to_end_lag_seconds; clocks of node
     # and pipeline host both count) and from its arrival in the store (lag_seconds). A batch published before (a
