@@ -373,8 +373,11 @@ class KafkaPublisher:
         self._fault("flushed")
 
         if self.verify:
-            ours = [(e.event_id, e.topic, *(where or (None, None))) for e, where in zip(todo, placed)]
-            self._verify(batch_id, batch, topics, start, found, scanned_to, ours)
+            if None in placed:      # an acknowledgement without its report: nothing to reason from
+                self._verify_by_rescan(batch_id, batch, topics, start)
+            else:
+                self._verify(batch_id, batch, topics, start, found, scanned_to,
+                             [(e.event_id, e.topic, *where) for e, where in zip(todo, placed)])
             self._fault("verified")
         self.ledger.put_bytes(self._published_key(batch_id), json.dumps({
             "batch_id": batch_id, "events": len(batch), "already_in_kafka": result.already_in_kafka,
@@ -579,11 +582,8 @@ class KafkaPublisher:
         below ``scanned_to`` the scan read it (``scanned``), above it up to today's high watermark each offset is
         one of this call's acknowledged events (``ours``: the broker's delivery reports, (event_id, topic,
         partition, offset)). Offsets that are neither (another producer's records, such as a crashed attempt's
-        request landing after the scan, or transaction markers) are read, from the first of them on; with
-        nothing accounted for at all (a delivery report missing), the whole range is scanned again.
+        request landing after the scan, or transaction markers) are read, from the first of them on.
         """
-        if any(partition is None for *_, partition, _offset in ours):
-            return self._verify_by_rescan(batch_id, batch, topics, start)
         mine: dict = {}
         for _, topic, partition, offset in ours:
             mine.setdefault((topic, partition), []).append(offset)
