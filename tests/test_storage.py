@@ -151,6 +151,26 @@ def test_move_copies_verifies_and_deletes(store):
     assert store.move(src, dst) == info
 
 
+def test_a_copy_with_other_bytes_fails_the_move_and_the_source_stays(store, monkeypatch):
+    """The move's check of its copy: same size, other bytes (a store that damaged it) is a VerificationError, the
+    copy never gets a sidecar and the source stays complete."""
+    data = os.urandom(20_000)
+    src, dst = Layout.incoming("c", "n", SEG), Layout.archived("c", "n", SEG)
+    store.put_bytes(src, data, checksum=_sha(data))
+    monkeypatch.setattr(store, "_copy", lambda s, d: store._write(d, iter([bytes([data[0] ^ 1]) + data[1:]])))
+    with pytest.raises(VerificationError, match="copy hashes to"):
+        store.move(src, dst)
+    assert store.info(src).checksum == _sha(data) and store.info(dst).checksum is None
+
+
+def test_delete_many_removes_objects_and_sidecars(store):
+    keys = [Layout.incoming("c", "n", f"CommitLog-7-{i}.log") for i in range(3)]
+    for key in keys:
+        store.put_bytes(key, b"x", checksum=_sha(b"x"))
+    store.delete_many(keys[:2] + [Layout.incoming("c", "n", "CommitLog-7-9.log")])    # an absent key is fine
+    assert store.list() == keys[2:] and not store.exists(keys[0] + CHECKSUM_SUFFIX)
+
+
 def test_move_interrupted_before_the_sidecar_is_finished_by_a_retry(store, monkeypatch):
     data = os.urandom(20_000)
     src, dst = Layout.incoming("c", "n", SEG), Layout.archived("c", "n", SEG)

@@ -19,7 +19,7 @@ finds what is done and does the rest:
 3. ``publish``: ``sinks.kafka.KafkaPublisher.publish_batch`` on the batch's outbox rows (exactly once: the
    publisher's own intent/scan/verify protocol and its ledger marker ``ledger/<batch_id>.json``).
 4. ``archive``: only once the publisher's marker exists: each segment moves ``incoming/`` -> ``archived/``
-   (copy, verify, then delete; ``ARCHIVE_THREADS`` segments at once); a segment in which bytes were damaged moves
+   (copy, verify, then delete; ``ARCHIVE_THREADS`` segments at once, the deletes all together at the end); a segment in which bytes were damaged moves
    to ``quarantined/`` with a reason naming every damaged position instead (its readable entries were processed).
 
 ``run_once`` is the four steps of one batch in one process; ``run_for`` takes batch after batch for a window (a
@@ -577,11 +577,13 @@ def archive(config: PipelineConfig, batch, *, fault: Fault = no_fault) -> Batch:
                           "separately (entry_key)",
                 "damage": damaged[(s["node"], s["name"])]})
             return "quarantined_segments"
-        store.move(s["key"], Layout.archived(config.cluster, s["node"], s["name"]))
+        store.move(s["key"], Layout.archived(config.cluster, s["node"], s["name"]), keep_source=True)
         return "archived"
 
-    # Each move is independent (copy, verify, then delete: crash-safe on its own) and mostly waits on the store:
-    # several at once. The fault point is reached in this thread, once per segment moved.
+    # Each move is independent (copy, verify, dst's sidecar: crash-safe on its own) and mostly waits on the store:
+    # several at once. The fault point is reached in this thread, once per segment moved. The archived segments'
+    # sources are deleted together at the end (two requests on S3, not two per segment): until then a segment is
+    # complete in both places, and a rerun after a crash moves it again.
     counters = {"archived": 0, "quarantined_segments": 0}
     with ThreadPoolExecutor(min(ARCHIVE_THREADS, len(batch.segments) or 1), thread_name_prefix="cdc-archive") as pool:
         moves = [pool.submit(move, s) for s in batch.segments]
@@ -593,6 +595,7 @@ def archive(config: PipelineConfig, batch, *, fault: Fault = no_fault) -> Batch:
             for m in moves:
                 m.cancel()      # the moves not begun; those under way finish (each is whole or not begun)
             raise
+    store.delete_many([s["key"] for s in batch.segments if (s["node"], s["name"]) not in damaged])
     return _finish_archive(store, batch, counters, t0, fault)
 
 
