@@ -157,10 +157,25 @@ def test_a_copy_with_other_bytes_fails_the_move_and_the_source_stays(store, monk
     data = os.urandom(20_000)
     src, dst = Layout.incoming("c", "n", SEG), Layout.archived("c", "n", SEG)
     store.put_bytes(src, data, checksum=_sha(data))
-    monkeypatch.setattr(store, "_copy", lambda s, d: store._write(d, iter([bytes([data[0] ^ 1]) + data[1:]])))
+    # returns the MD5 of what it wrote, as S3's CopyObject reports the copy's ETag
+    monkeypatch.setattr(store, "_copy", lambda s, d, size: store._write(d, iter([bytes([data[0] ^ 1]) + data[1:]]))[1])
     with pytest.raises(VerificationError, match="copy hashes to"):
         store.move(src, dst)
     assert store.info(src).checksum == _sha(data) and store.info(dst).checksum is None
+
+
+def test_an_s3_move_is_checked_by_the_etag_its_copy_request_returns(request, monkeypatch):
+    """On S3 a move is a HEAD of the source, its sidecar, one CopyObject (whose ETag, the copy's MD5, is checked
+    against the source's) and the new sidecar: no HEAD of the copy, no second HEAD of the source."""
+    store = _s3_store(request)
+    data = os.urandom(20_000)
+    src, dst = Layout.incoming("c", "n", SEG), Layout.archived("c", "n", SEG)
+    store.put_bytes(src, data, checksum=_sha(data))
+    heads = []
+    real = store._stat
+    monkeypatch.setattr(store, "_stat", lambda key: heads.append(key) or real(key))
+    assert store.move(src, dst).checksum == _sha(data)
+    assert heads == [src] and store.get_bytes(dst) == data and not store.exists(src)
 
 
 def test_delete_many_removes_objects_and_sidecars(store):

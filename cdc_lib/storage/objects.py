@@ -32,6 +32,7 @@ from cdc_lib.errors import ConfigError, ObjectNotFound, StorageError, Verificati
 from .layout import CHECKSUM_SUFFIX, Layout, _check_key
 
 _CHUNK = 1 << 20
+_SINGLE_COPY_MAX = 5 << 30      # S3's CopyObject copies up to 5 GiB; larger objects take a multipart copy
 _ATTRIBUTE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -463,14 +464,16 @@ class ObjectStore:
         size = int(stat["size"])
         checksum, attributes = self.sidecar(src)
         checksum = checksum or self._remote_sha256(src)
-        self._copy(src, dst)
-        self._verify_copy(src, dst, size, checksum, _etag_of(stat))
+        copied_etag = self._copy(src, dst, size)
+        self._verify_copy(src, dst, size, checksum, _etag_of(stat), copied_etag)
         self._write_sidecar(dst, checksum, attributes)
         if not keep_source:
             self.delete(src)
         return ObjectInfo(dst, size, checksum, attributes)
 
-    def _copy(self, src: str, dst: str) -> None:
+    def _copy(self, src: str, dst: str, size: int) -> str | None:
+        """Copy ``src`` (``size`` bytes) to ``dst``; returns the copy's ETag when the store said it while copying
+        (S3's CopyObject, one request: s3fs's ``cp_file`` would first HEAD the source again)."""
         s, d = self._path(src), self._path(dst)
         if self.local:
             os.makedirs(os.path.dirname(d), exist_ok=True)
@@ -481,20 +484,31 @@ class ObjectStore:
                 shutil.copyfile(s, tmp)
             os.replace(tmp, d)
             _fsync_dir(os.path.dirname(d))
+        elif hasattr(self.fs, "call_s3") and size <= _SINGLE_COPY_MAX:
+            (sb, sk, _), (db, dk, _) = self.fs.split_path(s), self.fs.split_path(d)
+            out = self.fs.call_s3("copy_object", Bucket=db, Key=dk, CopySource={"Bucket": sb, "Key": sk})
+            self._invalidate(d)
+            return _etag_of(out.get("CopyObjectResult") or {})
         else:
             self.fs.cp_file(s, d)      # one object: no path expansion (its listings and HEADs) as copy() does
             self._invalidate(d)
+        return None
 
-    def _verify_copy(self, src: str, dst: str, size: int, checksum: str, src_etag: str | None) -> None:
-        """The copy ``dst`` has ``src``'s bytes: its size, and the ETag ``src`` had before the copy (a single-part
-        object's content MD5, which a server-side copy keeps), else its SHA-256 read back."""
+    def _verify_copy(self, src: str, dst: str, size: int, checksum: str, src_etag: str | None,
+                     copied_etag: str | None) -> None:
+        """The copy ``dst`` has ``src``'s bytes. A single-part object's ETag is its content's MD5, which a
+        server-side copy keeps: the copy's ETag as the copy request returned it (``copied_etag``) equal to the
+        one ``src`` had before the copy says so (same MD5, same bytes, same size). Otherwise: the copy's size and
+        ETag from a HEAD, else its SHA-256 read back."""
+        if _is_md5(src_etag) and copied_etag == src_etag:
+            return
         stat = self._stat(dst)      # size and ETag in one request
         got = int(stat["size"])
         if got != size:
             raise VerificationError(f"{self.url_for(dst)}: copied size {got}, source {size}")
         if self.local and os.path.samefile(self._path(src), self._path(dst)):
             return
-        if src_etag and src_etag == _etag_of(stat) and re.fullmatch(r"[0-9a-f]{32}", src_etag):
+        if _is_md5(src_etag) and src_etag == _etag_of(stat):
             return
         got_sha = self._remote_sha256(dst)
         if got_sha != checksum:
@@ -513,6 +527,11 @@ class ObjectStore:
 
     def __repr__(self) -> str:
         return f"ObjectStore({self.url!r})"
+
+
+def _is_md5(etag: str | None) -> bool:
+    """An ETag that is a content MD5 (a single-part upload's; a multipart upload's ends in ``-<parts>``)."""
+    return etag is not None and re.fullmatch(r"[0-9a-f]{32}", etag) is not None
 
 
 def _etag_of(info: dict) -> str | None:
