@@ -77,7 +77,8 @@ LOADS = ("cql", "sstables")      # backfill modes whose batches load live data (
 def _candidates(store: ObjectStore, config: PipelineConfig, incoming: dict) -> tuple[list, int]:
     """Complete segments of this cluster among the ``incoming/`` objects (``ObjectStore.listing``: key -> size and
     sidecar time), in claim order: per-node rank first, so no node waits behind another. With
-    ``local_datacenter``, segments of nodes in other datacenters are left out (and left in ``incoming/``).
+    ``local_datacenter``, segments of nodes in other datacenters are left out (and left in ``incoming/``). Their
+    sidecars are not read here: ``_read_sidecars`` reads those of the segments a batch takes.
 
     Returns (segments, incomplete uploads seen, segments of other datacenters).
     """
@@ -96,16 +97,11 @@ def _candidates(store: ObjectStore, config: PipelineConfig, incoming: dict) -> t
         if node in other_dc:
             other_dc[node][1] += 1
             continue
-        # The listing gave size and sidecar time: the sidecar's own bytes (checksum, attributes) are one read more.
-        checksum, attributes = store.sidecar(key) if incoming[key].committed_at is not None else (None, {})
-        if checksum is None:
-            incomplete += 1       # an upload cut short, or still running: the next run sees it complete
+        if incoming[key].committed_at is None:
+            incomplete += 1       # no sidecar: an upload cut short, or still running: the next run sees it complete
             continue
-        seg = {"key": key, "node": node, "name": name, "size": incoming[key].size, "checksum": checksum,
+        seg = {"key": key, "node": node, "name": name, "size": incoming[key].size,
                "shipped_at": incoming[key].committed_at}        # where the publish step's lag starts
-        closed_at = _closed_at(attributes.get(CLOSED_AT_ATTRIBUTE))
-        if closed_at is not None:
-            seg["closed_at"] = closed_at       # where the end-to-end lag starts (absent: an older agent shipped it)
         by_node.setdefault(node, []).append((seg_id, seg))
     ranked = []
     for node, segs in by_node.items():
@@ -117,6 +113,28 @@ def _candidates(store: ObjectStore, config: PipelineConfig, incoming: dict) -> t
                  config.local_datacenter, ", ".join(f"{node} ({other_dc[node][0]}): {n}"
                                                     for node, n in sorted(skipped.items())))
     return [s for _, s in sorted(ranked, key=lambda r: r[0])], incomplete, sum(skipped.values())
+
+
+def _read_sidecars(store: ObjectStore, chosen: list) -> tuple[list, int]:
+    """The ``chosen`` segments (claim order) with their sidecar's checksum and close time, the sidecars read
+    ``ARCHIVE_THREADS`` at once. A sidecar gone since the listing (the segment is no longer complete) leaves that
+    segment, and the node's later ones, for a later batch: a node's segments are taken oldest first.
+
+    Returns (segments, segments left for lack of a sidecar).
+    """
+    with ThreadPoolExecutor(min(ARCHIVE_THREADS, len(chosen) or 1), thread_name_prefix="cdc-claim") as pool:
+        sidecars = list(pool.map(lambda seg: store.sidecar(seg["key"]), chosen))
+    out, gone = [], set()
+    for seg, (checksum, attributes) in zip(chosen, sidecars):
+        if checksum is None or seg["node"] in gone:
+            gone.add(seg["node"])
+            continue
+        seg["checksum"] = checksum
+        closed_at = _closed_at(attributes.get(CLOSED_AT_ATTRIBUTE))
+        if closed_at is not None:
+            seg["closed_at"] = closed_at       # where the end-to-end lag starts (absent: an older agent shipped it)
+        out.append(seg)
+    return out, len(chosen) - len(out)
 
 
 def _closed_at(attribute: str | None) -> float | None:
@@ -195,6 +213,10 @@ def claim(config: PipelineConfig, run_id: str = "", *, fault: Fault = no_fault,
                 break
             chosen.append(seg)
             size += seg["size"]
+        chosen, left = _read_sidecars(store, chosen)
+        if left:
+            incomplete += left
+            size = sum(s["size"] for s in chosen)
     now = processing_time(config)
     prev_now = last.now if last is not None else None
     if prev_now is not None:
