@@ -12,7 +12,8 @@ protocol, each step durable before the next:
 2. **intent.** If the ledger has no ``<batch>.intent.json`` yet, the high watermark of every partition of every
    target topic is read and written to the intent *before anything is produced*. A rerun reuses the stored
    intent, so it always scans from offsets taken before the first attempt produced anything.
-3. **scan.** Every partition is read from its intent offset up to its high watermark at the time of the scan;
+3. **scan.** (Only when the intent was there already: an attempt that wrote the intent itself knows nothing of
+   the batch can be in Kafka.) Every partition is read from its intent offset up to its high watermark then;
    records whose ``cdc-batch`` header names this batch are the events an earlier attempt already got into Kafka.
    They must form, for every key, a prefix of that key's events in the batch (the producer runs with one request
    in flight, acks=all and idempotence, so a partition can only ever hold a prefix of what was sent to it);
@@ -293,7 +294,8 @@ class KafkaPublisher:
             self._transactions_ready = True
 
         intent_key = self._intent_key(batch_id)
-        if self.ledger.exists(intent_key):
+        earlier_attempt = self.ledger.exists(intent_key)
+        if earlier_attempt:
             intent = json.loads(self.ledger.get_bytes(intent_key))
         else:
             intent = {"batch_id": batch_id, "events": len(batch), "created_ms": int(time.time() * 1000),
@@ -302,7 +304,12 @@ class KafkaPublisher:
         self._fault("intent_written")
         start = _offsets_from_json(intent["start_offsets"])
 
-        found, scanned_to = self._scan(batch_id, topics, start)
+        if earlier_attempt:
+            found, scanned_to = self._scan(batch_id, topics, start)
+        else:
+            # Nothing is produced before the intent is written: no attempt got any of the batch into Kafka yet. What
+            # other producers wrote since the start offsets, the verification reads.
+            found, scanned_to = [], dict(start)
         self._fault("scanned")
         present = _check_prefix(batch, found, self._compacted_topics)
         if self.transactional_id and present and len(present) != len(batch):
