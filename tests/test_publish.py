@@ -348,9 +348,8 @@ def test_topics_are_created_with_partitions_replication_and_configs(kafka_broker
 
 
 def test_a_refused_event_fails_the_batch_without_a_fault_hook(kafka_broker, tmp_path):
-    """Without a fault hook the producer reports failed deliveries only (``delivery.report.only.error``): an event
-    the broker refuses (larger than the topic's ``max.message.bytes``) still fails the batch, and nothing is marked
-    published."""
+    """Without a fault hook (the pipeline's runs): an event the broker refuses (larger than the topic's
+    ``max.message.bytes``) fails the batch, and nothing is marked published."""
     from cdc_lib.sinks.kafka import PublishError
     prefix = "cdc" + uuid.uuid4().hex[:8]
     batch = make_batch(prefix, n=6)

@@ -19,8 +19,9 @@ finds what is done and does the rest:
 3. ``publish``: ``sinks.kafka.KafkaPublisher.publish_batch`` on the batch's outbox rows (exactly once: the
    publisher's own intent/scan/verify protocol and its ledger marker ``ledger/<batch_id>.json``).
 4. ``archive``: only once the publisher's marker exists: each segment moves ``incoming/`` -> ``archived/``
-   (copy, verify, then delete; ``ARCHIVE_THREADS`` segments at once, the deletes all together at the end); a segment in which bytes were damaged moves
-   to ``quarantined/`` with a reason naming every damaged position instead (its readable entries were processed).
+   (copy, verify, then delete; ``ARCHIVE_THREADS`` segments at once, the deletes all together at the end); a
+   segment in which bytes were damaged moves to ``quarantined/`` with a reason naming every damaged position
+   instead (its readable entries were processed).
 
 ``run_once`` is the four steps of one batch in one process; ``run_for`` takes batch after batch for a window (a
 scheduled run's ``follow`` task, ``pipeline.follow``), each one a ``run_once``.
