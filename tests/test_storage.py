@@ -176,6 +176,12 @@ def test_an_s3_move_is_checked_by_the_etag_its_copy_request_returns(request, mon
     monkeypatch.setattr(store, "_stat", lambda key: heads.append(key) or real(key))
     assert store.move(src, dst).checksum == _sha(data)
     assert heads == [src] and store.get_bytes(dst) == data and not store.exists(src)
+    # given the sidecar as read before (claim's), the move does not read it again, and writes it beside the copy
+    store.put_bytes(src, data, checksum=_sha(data))
+    monkeypatch.setattr(store, "sidecar", lambda key: pytest.fail(f"read the sidecar of {key}"))
+    store.move(src, Layout.archived("c", "n2", SEG), sidecar=(_sha(data), {"closed_at": "1.5"}))
+    monkeypatch.undo()
+    assert store.sidecar(Layout.archived("c", "n2", SEG)) == (_sha(data), {"closed_at": "1.5"})
 
 
 def test_delete_many_removes_objects_and_sidecars(store):

@@ -130,7 +130,7 @@ def _read_sidecars(store: ObjectStore, chosen: list) -> tuple[list, int]:
         if checksum is None or seg["node"] in gone:
             gone.add(seg["node"])
             continue
-        seg["checksum"] = checksum
+        seg["checksum"], seg["attributes"] = checksum, attributes     # archive writes them beside the archived copy
         closed_at = _closed_at(attributes.get(CLOSED_AT_ATTRIBUTE))
         if closed_at is not None:
             seg["closed_at"] = closed_at       # where the end-to-end lag starts (absent: an older agent shipped it)
@@ -600,7 +600,10 @@ def archive(config: PipelineConfig, batch, *, fault: Fault = no_fault) -> Batch:
                           "separately (entry_key)",
                 "damage": damaged[(s["node"], s["name"])]})
             return "quarantined_segments"
-        store.move(s["key"], Layout.archived(config.cluster, s["node"], s["name"]), keep_source=True)
+        # the sidecar as claim read it (the bytes the batch processed were checked against its checksum): one
+        # request less per segment; a batch claimed by an older version reads it again
+        sidecar = (s["checksum"], s["attributes"]) if "attributes" in s else None
+        store.move(s["key"], Layout.archived(config.cluster, s["node"], s["name"]), keep_source=True, sidecar=sidecar)
         return "archived"
 
     # Each move is independent (copy, verify, dst's sidecar: crash-safe on its own) and mostly waits on the store:

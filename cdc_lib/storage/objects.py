@@ -447,9 +447,11 @@ class ObjectStore:
         except FileNotFoundError:
             pass
 
-    def move(self, src: str, dst: str, *, keep_source: bool = False) -> ObjectInfo:
+    def move(self, src: str, dst: str, *, keep_source: bool = False,
+             sidecar: tuple[str, dict[str, str]] | None = None) -> ObjectInfo:
         """Move ``src`` to ``dst``: copy, verify, write dst's sidecar, then delete src (``keep_source``: the caller
-        deletes it, e.g. many at once with ``delete_many`` once every copy is complete).
+        deletes it, e.g. many at once with ``delete_many`` once every copy is complete). ``sidecar``: src's
+        (checksum, attributes) as the caller read them before, then not read again.
 
         At every instant at least one of the two is complete, and a retry after a crash finishes the move.
         """
@@ -462,7 +464,7 @@ class ObjectStore:
                 raise ObjectNotFound(f"no object {self.url_for(src)}") from None
             return dst_info
         size = int(stat["size"])
-        checksum, attributes = self.sidecar(src)
+        checksum, attributes = sidecar or self.sidecar(src)
         checksum = checksum or self._remote_sha256(src)
         copied_etag = self._copy(src, dst, size)
         self._verify_copy(src, dst, size, checksum, _etag_of(stat), copied_etag)
