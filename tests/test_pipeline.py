@@ -61,6 +61,31 @@ def test_claim_takes_complete_segments_oldest_first_per_node_within_limits(cfg):
     assert stored.segments == b.segments and stored.claimed_by == "run-1"
 
 
+def test_claim_reads_the_sidecars_of_the_segments_it_takes_only(cfg, monkeypatch):
+    """One sidecar read per segment of the batch, none of those left waiting; a sidecar gone since the listing
+    (no longer complete) leaves that segment and its node's later ones for a later batch."""
+    store = P.open_store(cfg)
+    for i in (1, 2, 3, 4):
+        _put_segment(store, "n1", i)
+    for i in (11, 12):
+        _put_segment(store, "n2", i)
+    read = []
+    real = ObjectStore.sidecar
+    gone = Layout.incoming("c1", "n1", _segment_name(2))
+
+    def sidecar(self, key):
+        read.append(key)
+        return (None, {}) if key == gone else real(self, key)
+    monkeypatch.setattr(ObjectStore, "sidecar", sidecar)
+    cfg.max_segments = 4
+    b = P.claim(cfg)
+    assert sorted(read) == sorted([Layout.incoming("c1", "n1", _segment_name(i)) for i in (1, 2)]
+                                  + [Layout.incoming("c1", "n2", _segment_name(i)) for i in (11, 12)])
+    assert [(s["node"], s["name"]) for s in b.segments] == [("n1", _segment_name(1)), ("n2", _segment_name(11)),
+                                                             ("n2", _segment_name(12))]
+    assert all(s["checksum"] for s in b.segments) and b.steps["claim"]["incomplete_uploads"] == 1
+
+
 def test_byte_limit_still_takes_one_segment(cfg):
     store = P.open_store(cfg)
     _put_segment(store, "n1", 1, size=5000)

@@ -238,9 +238,34 @@ def test_a_duplicate_from_a_zombie_producer_is_caught_by_verification(kafka_brok
                   headers=[(EVENT_ID_HEADER, e.event_id.encode()), (BATCH_HEADER, b"seg-4"), (SEQ_HEADER, b"0")])
         p.flush(10)
 
-    with pytest.raises(PublishVerificationError):
+    scans = spy_scans(pub)
+    with pytest.raises(PublishVerificationError, match="1 duplicated"):
         pub.publish_batch("seg-4", batch)
     assert not pub.is_published("seg-4")
+    # the verification read only from the zombie's offset on (the rest is this attempt's acknowledged events)
+    assert scans == [None, {(batch[0].topic, 0)}]
+
+
+def spy_scans(pub) -> list:
+    """The partitions each scan of ``pub`` was restricted to (None: every partition of the batch's topics)."""
+    scans: list = []
+    real = pub._scan
+
+    def scan(*args, only=None):
+        scans.append(only)
+        return real(*args, only=only)
+    pub._scan = scan
+    return scans
+
+
+def test_verification_reads_nothing_back_when_acknowledgements_account_for_every_offset(kafka_broker, tmp_path):
+    prefix = "cdc" + uuid.uuid4().hex[:8]
+    batch = make_batch(prefix, n=20)
+    pub = KafkaPublisher(kafka_broker, LocalLedgerStore(tmp_path), num_partitions=2)
+    scans = spy_scans(pub)
+    assert pub.publish_batch("seg-v", batch).produced == len(batch)
+    assert scans == [], "a first attempt scans nothing before producing, nor reads anything back after"
+    assert_exactly_once_in_order(kafka_broker, batch)
 
 
 # ------------------------------------------------------------------------------------- with transactions
@@ -323,9 +348,8 @@ def test_topics_are_created_with_partitions_replication_and_configs(kafka_broker
 
 
 def test_a_refused_event_fails_the_batch_without_a_fault_hook(kafka_broker, tmp_path):
-    """Without a fault hook the producer reports failed deliveries only (``delivery.report.only.error``): an event
-    the broker refuses (larger than the topic's ``max.message.bytes``) still fails the batch, and nothing is marked
-    published."""
+    """Without a fault hook (the pipeline's runs): an event the broker refuses (larger than the topic's
+    ``max.message.bytes``) fails the batch, and nothing is marked published."""
     from cdc_lib.sinks.kafka import PublishError
     prefix = "cdc" + uuid.uuid4().hex[:8]
     batch = make_batch(prefix, n=6)

@@ -151,6 +151,47 @@ def test_move_copies_verifies_and_deletes(store):
     assert store.move(src, dst) == info
 
 
+def test_a_copy_with_other_bytes_fails_the_move_and_the_source_stays(store, monkeypatch):
+    """The move's check of its copy: same size, other bytes (a store that damaged it) is a VerificationError, the
+    copy never gets a sidecar and the source stays complete."""
+    data = os.urandom(20_000)
+    src, dst = Layout.incoming("c", "n", SEG), Layout.archived("c", "n", SEG)
+    store.put_bytes(src, data, checksum=_sha(data))
+    # returns the MD5 of what it wrote, as S3's CopyObject reports the copy's ETag
+    monkeypatch.setattr(store, "_copy", lambda s, d, size: store._write(d, iter([bytes([data[0] ^ 1]) + data[1:]]))[1])
+    with pytest.raises(VerificationError, match="copy hashes to"):
+        store.move(src, dst)
+    assert store.info(src).checksum == _sha(data) and store.info(dst).checksum is None
+
+
+def test_an_s3_move_is_checked_by_the_etag_its_copy_request_returns(request, monkeypatch):
+    """On S3 a move is a HEAD of the source, its sidecar, one CopyObject (whose ETag, the copy's MD5, is checked
+    against the source's) and the new sidecar: no HEAD of the copy, no second HEAD of the source."""
+    store = _s3_store(request)
+    data = os.urandom(20_000)
+    src, dst = Layout.incoming("c", "n", SEG), Layout.archived("c", "n", SEG)
+    store.put_bytes(src, data, checksum=_sha(data))
+    heads = []
+    real = store._stat
+    monkeypatch.setattr(store, "_stat", lambda key: heads.append(key) or real(key))
+    assert store.move(src, dst).checksum == _sha(data)
+    assert heads == [src] and store.get_bytes(dst) == data and not store.exists(src)
+    # given the sidecar as read before (claim's), the move does not read it again, and writes it beside the copy
+    store.put_bytes(src, data, checksum=_sha(data))
+    monkeypatch.setattr(store, "sidecar", lambda key: pytest.fail(f"read the sidecar of {key}"))
+    store.move(src, Layout.archived("c", "n2", SEG), sidecar=(_sha(data), {"closed_at": "1.5"}))
+    monkeypatch.undo()
+    assert store.sidecar(Layout.archived("c", "n2", SEG)) == (_sha(data), {"closed_at": "1.5"})
+
+
+def test_delete_many_removes_objects_and_sidecars(store):
+    keys = [Layout.incoming("c", "n", f"CommitLog-7-{i}.log") for i in range(3)]
+    for key in keys:
+        store.put_bytes(key, b"x", checksum=_sha(b"x"))
+    store.delete_many(keys[:2] + [Layout.incoming("c", "n", "CommitLog-7-9.log")])    # an absent key is fine
+    assert store.list() == keys[2:] and not store.exists(keys[0] + CHECKSUM_SUFFIX)
+
+
 def test_move_interrupted_before_the_sidecar_is_finished_by_a_retry(store, monkeypatch):
     data = os.urandom(20_000)
     src, dst = Layout.incoming("c", "n", SEG), Layout.archived("c", "n", SEG)

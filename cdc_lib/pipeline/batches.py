@@ -46,7 +46,8 @@ class PipelineError(CdcError):
 
 @dataclass
 class Batch:
-    """One batch as its manifest stores it. ``segments``: [{key, node, name, size, checksum}]."""
+    """One batch as its manifest stores it. ``segments``: [{key, node, name, size, checksum, attributes (the
+    sidecar's), shipped_at, closed_at}]."""
 
     batch_id: str = ""
     batch_seq: int = 0

@@ -19,8 +19,9 @@ finds what is done and does the rest:
 3. ``publish``: ``sinks.kafka.KafkaPublisher.publish_batch`` on the batch's outbox rows (exactly once: the
    publisher's own intent/scan/verify protocol and its ledger marker ``ledger/<batch_id>.json``).
 4. ``archive``: only once the publisher's marker exists: each segment moves ``incoming/`` -> ``archived/``
-   (copy, verify, then delete; ``ARCHIVE_THREADS`` segments at once); a segment in which bytes were damaged moves
-   to ``quarantined/`` with a reason naming every damaged position instead (its readable entries were processed).
+   (copy, verify, then delete; ``ARCHIVE_THREADS`` segments at once, the deletes all together at the end); a
+   segment in which bytes were damaged moves to ``quarantined/`` with a reason naming every damaged position
+   instead (its readable entries were processed).
 
 ``run_once`` is the four steps of one batch in one process; ``run_for`` takes batch after batch for a window (a
 scheduled run's ``follow`` task, ``pipeline.follow``), each one a ``run_once``.
@@ -44,6 +45,7 @@ from typing import Optional
 
 from cdc_lib.commitlog.segment import DAMAGE_KINDS
 from cdc_lib.errors import CdcError, ConfigError
+from cdc_lib.gcpause import gc_paused
 from cdc_lib.settings import PipelineConfig
 from cdc_lib.spark.session import spark_session
 from cdc_lib.spark.submit import run_job
@@ -76,7 +78,8 @@ LOADS = ("cql", "sstables")      # backfill modes whose batches load live data (
 def _candidates(store: ObjectStore, config: PipelineConfig, incoming: dict) -> tuple[list, int]:
     """Complete segments of this cluster among the ``incoming/`` objects (``ObjectStore.listing``: key -> size and
     sidecar time), in claim order: per-node rank first, so no node waits behind another. With
-    ``local_datacenter``, segments of nodes in other datacenters are left out (and left in ``incoming/``).
+    ``local_datacenter``, segments of nodes in other datacenters are left out (and left in ``incoming/``). Their
+    sidecars are not read here: ``_read_sidecars`` reads those of the segments a batch takes.
 
     Returns (segments, incomplete uploads seen, segments of other datacenters).
     """
@@ -95,16 +98,11 @@ def _candidates(store: ObjectStore, config: PipelineConfig, incoming: dict) -> t
         if node in other_dc:
             other_dc[node][1] += 1
             continue
-        # The listing gave size and sidecar time: the sidecar's own bytes (checksum, attributes) are one read more.
-        checksum, attributes = store.sidecar(key) if incoming[key].committed_at is not None else (None, {})
-        if checksum is None:
-            incomplete += 1       # an upload cut short, or still running: the next run sees it complete
+        if incoming[key].committed_at is None:
+            incomplete += 1       # no sidecar: an upload cut short, or still running: the next run sees it complete
             continue
-        seg = {"key": key, "node": node, "name": name, "size": incoming[key].size, "checksum": checksum,
+        seg = {"key": key, "node": node, "name": name, "size": incoming[key].size,
                "shipped_at": incoming[key].committed_at}        # where the publish step's lag starts
-        closed_at = _closed_at(attributes.get(CLOSED_AT_ATTRIBUTE))
-        if closed_at is not None:
-            seg["closed_at"] = closed_at       # where the end-to-end lag starts (absent: an older agent shipped it)
         by_node.setdefault(node, []).append((seg_id, seg))
     ranked = []
     for node, segs in by_node.items():
@@ -116,6 +114,28 @@ def _candidates(store: ObjectStore, config: PipelineConfig, incoming: dict) -> t
                  config.local_datacenter, ", ".join(f"{node} ({other_dc[node][0]}): {n}"
                                                     for node, n in sorted(skipped.items())))
     return [s for _, s in sorted(ranked, key=lambda r: r[0])], incomplete, sum(skipped.values())
+
+
+def _read_sidecars(store: ObjectStore, chosen: list) -> tuple[list, int]:
+    """The ``chosen`` segments (claim order) with their sidecar's checksum and close time, the sidecars read
+    ``ARCHIVE_THREADS`` at once. A sidecar gone since the listing (the segment is no longer complete) leaves that
+    segment, and the node's later ones, for a later batch: a node's segments are taken oldest first.
+
+    Returns (segments, segments left for lack of a sidecar).
+    """
+    with ThreadPoolExecutor(min(ARCHIVE_THREADS, len(chosen) or 1), thread_name_prefix="cdc-claim") as pool:
+        sidecars = list(pool.map(lambda seg: store.sidecar(seg["key"]), chosen))
+    out, gone = [], set()
+    for seg, (checksum, attributes) in zip(chosen, sidecars):
+        if checksum is None or seg["node"] in gone:
+            gone.add(seg["node"])
+            continue
+        seg["checksum"], seg["attributes"] = checksum, attributes     # archive writes them beside the archived copy
+        closed_at = _closed_at(attributes.get(CLOSED_AT_ATTRIBUTE))
+        if closed_at is not None:
+            seg["closed_at"] = closed_at       # where the end-to-end lag starts (absent: an older agent shipped it)
+        out.append(seg)
+    return out, len(chosen) - len(out)
 
 
 def _closed_at(attribute: str | None) -> float | None:
@@ -194,6 +214,10 @@ def claim(config: PipelineConfig, run_id: str = "", *, fault: Fault = no_fault,
                 break
             chosen.append(seg)
             size += seg["size"]
+        chosen, left = _read_sidecars(store, chosen)
+        if left:
+            incomplete += left
+            size = sum(s["size"] for s in chosen)
     now = processing_time(config)
     prev_now = last.now if last is not None else None
     if prev_now is not None:
@@ -508,15 +532,20 @@ def publish(config: PipelineConfig, batch, *, fault: Fault = no_fault) -> Batch:
     t0 = time.monotonic()
     fault("publish:before")
     tally: dict = {"by_op": {}, "by_table": {}, "by_table_op": {}}
-    events = _outbox_events(config, delta_root(config, store), batch, tally, codec)
-    publisher = KafkaPublisher(config.kafka_bootstrap, store, ledger_prefix=Layout.LEDGER,
-                               num_partitions=config.kafka_partitions,
-                               replication_factor=config.kafka_replication_factor,
-                               topic_config=config.kafka_topic_config, client_config=config.kafka_config,
-                               transactional_id=transactional_id(config) if config.kafka_transactions else None,
-                               timeout_s=config.kafka_timeout_s,
-                               fault=None if fault is no_fault else lambda point, **info: fault(f"publish:{point}"))
-    res = publisher.publish_batch(batch.batch_id, events)
+    hook = None if fault is no_fault else lambda point, **info: fault(f"publish:{point}")
+    # An event object per outbox row, all held until Kafka has them: acyclic, and the cyclic collector would only
+    # rescan them.
+    with gc_paused():
+        events = _outbox_events(config, delta_root(config, store), batch, tally, codec)
+        publisher = KafkaPublisher(config.kafka_bootstrap, store, ledger_prefix=Layout.LEDGER,
+                                   num_partitions=config.kafka_partitions,
+                                   replication_factor=config.kafka_replication_factor,
+                                   topic_config=config.kafka_topic_config, client_config=config.kafka_config,
+                                   transactional_id=transactional_id(config) if config.kafka_transactions else None,
+                                   timeout_s=config.kafka_timeout_s,
+                                   fault=hook)
+        res = publisher.publish_batch(batch.batch_id, events)
+        del events
     in_kafka = time.time()
     # Lag per segment, to its events in Kafka: from its close on the node (end_to_end_lag_seconds; clocks of node
     # and pipeline host both count) and from its arrival in the store (lag_seconds). A batch published before (a
@@ -572,11 +601,16 @@ def archive(config: PipelineConfig, batch, *, fault: Fault = no_fault) -> Batch:
                           "separately (entry_key)",
                 "damage": damaged[(s["node"], s["name"])]})
             return "quarantined_segments"
-        store.move(s["key"], Layout.archived(config.cluster, s["node"], s["name"]))
+        # the sidecar as claim read it (the bytes the batch processed were checked against its checksum): one
+        # request less per segment; a batch claimed by an older version reads it again
+        sidecar = (s["checksum"], s["attributes"]) if "attributes" in s else None
+        store.move(s["key"], Layout.archived(config.cluster, s["node"], s["name"]), keep_source=True, sidecar=sidecar)
         return "archived"
 
-    # Each move is independent (copy, verify, then delete: crash-safe on its own) and mostly waits on the store:
-    # several at once. The fault point is reached in this thread, once per segment moved.
+    # Each move is independent (copy, verify, dst's sidecar: crash-safe on its own) and mostly waits on the store:
+    # several at once. The fault point is reached in this thread, once per segment moved. The archived segments'
+    # sources are deleted together at the end (two requests on S3, not two per segment): until then a segment is
+    # complete in both places, and a rerun after a crash moves it again.
     counters = {"archived": 0, "quarantined_segments": 0}
     with ThreadPoolExecutor(min(ARCHIVE_THREADS, len(batch.segments) or 1), thread_name_prefix="cdc-archive") as pool:
         moves = [pool.submit(move, s) for s in batch.segments]
@@ -588,6 +622,7 @@ def archive(config: PipelineConfig, batch, *, fault: Fault = no_fault) -> Batch:
             for m in moves:
                 m.cancel()      # the moves not begun; those under way finish (each is whole or not begun)
             raise
+    store.delete_many([s["key"] for s in batch.segments if (s["node"], s["name"]) not in damaged])
     return _finish_archive(store, batch, counters, t0, fault)
 
 

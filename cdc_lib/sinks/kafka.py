@@ -12,13 +12,19 @@ protocol, each step durable before the next:
 2. **intent.** If the ledger has no ``<batch>.intent.json`` yet, the high watermark of every partition of every
    target topic is read and written to the intent *before anything is produced*. A rerun reuses the stored
    intent, so it always scans from offsets taken before the first attempt produced anything.
-3. **scan.** Every partition is read from its intent offset up to its high watermark at the time of the scan;
+3. **scan.** (Only when the intent was there already: an attempt that wrote the intent itself knows nothing of
+   the batch can be in Kafka.) Every partition is read from its intent offset up to its high watermark then;
    records whose ``cdc-batch`` header names this batch are the events an earlier attempt already got into Kafka.
    They must form, for every key, a prefix of that key's events in the batch (the producer runs with one request
    in flight, acks=all and idempotence, so a partition can only ever hold a prefix of what was sent to it);
    anything else is a ``PublishOrderError``.
 4. **produce** the events not found, in batch order, then **flush** (every delivery acknowledged).
-5. **verify** (on by default): rescan and check each event id of the batch is there exactly once.
+5. **verify** (on by default): check each event id of the batch is there exactly once, in order. What the
+   partitions hold since the intent is known without reading it back when every offset up to today's high
+   watermark is accounted for: below where the scan stopped the scan read it, above it each offset is one of
+   this attempt's events as the broker's delivery report placed it. Only offsets that are neither (another
+   producer's records, e.g. a crashed attempt's request landing after the scan; transaction markers) are read,
+   so a duplicate is caught exactly as a full rescan catches it, without reading the batch back.
 6. **ledger**: write ``<batch>.json`` (``storage.Layout.ledger``). Only then may the segment be archived
    (``is_published``).
 
@@ -65,6 +71,7 @@ sequence number in the batch). Consumers that want belt and braces can deduplica
 from __future__ import annotations
 
 import collections
+import functools
 import io
 import json
 import logging
@@ -252,10 +259,6 @@ class KafkaPublisher:
         config.setdefault("partitioner", "murmur2_random")
         if transactional_id:
             config["transactional.id"] = transactional_id
-        if fault is None:
-            # Nothing to call per acknowledgement: only failed deliveries come back to Python (a callback per
-            # event is most of what flush() costs this process).
-            config["delivery.report.only.error"] = True
         self._producer = Producer(config)
         self._transactions_ready = False
         self._known_topics: set = set()
@@ -291,7 +294,8 @@ class KafkaPublisher:
             self._transactions_ready = True
 
         intent_key = self._intent_key(batch_id)
-        if self.ledger.exists(intent_key):
+        earlier_attempt = self.ledger.exists(intent_key)
+        if earlier_attempt:
             intent = json.loads(self.ledger.get_bytes(intent_key))
         else:
             intent = {"batch_id": batch_id, "events": len(batch), "created_ms": int(time.time() * 1000),
@@ -300,7 +304,12 @@ class KafkaPublisher:
         self._fault("intent_written")
         start = _offsets_from_json(intent["start_offsets"])
 
-        found = self._scan(batch_id, topics, start)
+        if earlier_attempt:
+            found, scanned_to = self._scan(batch_id, topics, start)
+        else:
+            # Nothing is produced before the intent is written: no attempt got any of the batch into Kafka yet. What
+            # other producers wrote since the start offsets, the verification reads.
+            found, scanned_to = [], dict(start)
         self._fault("scanned")
         present = _check_prefix(batch, found, self._compacted_topics)
         if self.transactional_id and present and len(present) != len(batch):
@@ -311,13 +320,17 @@ class KafkaPublisher:
         todo = [e for e in batch if e.event_id not in present]
         errors: list = []
         delivered = [0]
+        # Where the broker put each event of ``todo`` (its acknowledgement): (partition, offset), by index in todo.
+        placed: list = [None] * len(todo)
 
-        per_event = self._per_event_faults     # without a hook, no call per event and per acknowledgement
+        per_event = self._per_event_faults     # without a hook, no fault call per event and per acknowledgement
 
-        def on_delivery(err, msg):
+        def on_delivery(index, err, msg):
             if err is not None:
                 errors.append(err)
-            elif per_event:
+                return
+            placed[index] = (msg.partition(), msg.offset())
+            if per_event:
                 delivered[0] += 1
                 self._fault("delivered", index=delivered[0] - 1, count=len(todo))
 
@@ -329,10 +342,11 @@ class KafkaPublisher:
             produce, fault, count = self._producer.produce, self._fault, len(todo)
             for i, e in enumerate(todo):
                 headers = [(EVENT_ID_HEADER, e.event_id.encode()), batch_header, (SEQ_HEADER, str(e.seq).encode())]
+                report = functools.partial(on_delivery, i)
                 try:
-                    produce(e.topic, value=e.value, key=e.key, headers=headers, on_delivery=on_delivery)
+                    produce(e.topic, value=e.value, key=e.key, headers=headers, on_delivery=report)
                 except BufferError:
-                    self._produce(e, headers, on_delivery)
+                    self._produce(e, headers, report)
                 result.produced += 1
                 if per_event:
                     fault("produced", index=i, count=count)
@@ -366,7 +380,11 @@ class KafkaPublisher:
         self._fault("flushed")
 
         if self.verify:
-            self._verify(batch_id, batch, topics, start)
+            if None in placed:      # an acknowledgement without its report: nothing to reason from
+                self._verify_by_rescan(batch_id, batch, topics, start)
+            else:
+                self._verify(batch_id, batch, topics, start, found, scanned_to,
+                             [(e.event_id, e.topic, *where) for e, where in zip(todo, placed)])
             self._fault("verified")
         self.ledger.put_bytes(self._published_key(batch_id), json.dumps({
             "batch_id": batch_id, "events": len(batch), "already_in_kafka": result.already_in_kafka,
@@ -509,19 +527,23 @@ class KafkaPublisher:
         finally:
             consumer.close()
 
-    def _scan(self, batch_id: str, topics, start: dict) -> list:
-        """Records of ``batch_id`` in Kafka from the intent offsets: [(event_id, topic, partition, offset)].
+    def _scan(self, batch_id: str, topics, start: dict, only: Optional[set] = None) -> tuple:
+        """Records of ``batch_id`` in Kafka from the ``start`` offsets (the intent's):
+        ([(event_id, topic, partition, offset)], {(topic, partition): offset the scan read up to}).
 
-        Each partition is read up to its high watermark at the start of the scan (the end of what was
-        acknowledged before it). The last offsets of a partition may hold transaction markers, which are never
-        delivered: reaching the end of the partition ends its scan too.
+        Each partition (of ``topics``, or the ``only`` ones) is read up to its high watermark at the start of the
+        scan (the end of what was acknowledged before it). The last offsets of a partition may hold transaction
+        markers, which are never delivered: reaching the end of the partition ends its scan too.
         """
         from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
         consumer = self._consumer()
         try:
-            assign, end = [], {}
+            assign, end, scanned_to = [], {}, {}
             for topic, p in self._partitions(consumer, topics):
+                if only is not None and (topic, p) not in only:
+                    continue
                 low, high = self._watermarks(consumer, topic, p)
+                scanned_to[(topic, p)] = high
                 # A partition added after the intent was taken is read from its beginning.
                 first = start.get((topic, p), OFFSET_BEGINNING)
                 if high > max(low, first if first >= 0 else low):
@@ -529,7 +551,7 @@ class KafkaPublisher:
                     end[(topic, p)] = high
             found: list = []
             if not assign:
-                return found
+                return found, scanned_to
             consumer.assign(assign)
             pending = set(end)
             deadline = time.monotonic() + self.timeout_s
@@ -554,30 +576,70 @@ class KafkaPublisher:
                         found.append((headers[EVENT_ID_HEADER].decode(), where[0], where[1], offset))
                     if offset + 1 >= end[where]:
                         pending.discard(where)
-            return found
+            return found, scanned_to
         finally:
             consumer.close()
 
-    def _verify(self, batch_id: str, batch: list, topics, start: dict) -> None:
+    def _verify(self, batch_id: str, batch: list, topics, start: dict, scanned: list, scanned_to: dict,
+                ours: list) -> None:
+        """Check each event of the batch is in Kafka exactly once, in batch order per key and partition:
+        PublishVerificationError (missing or duplicated) or PublishOrderError.
+
+        What Kafka holds since the intent is known without reading it back when every offset is accounted for:
+        below ``scanned_to`` the scan read it (``scanned``), above it up to today's high watermark each offset is
+        one of this call's acknowledged events (``ours``: the broker's delivery reports, (event_id, topic,
+        partition, offset)). Offsets that are neither (another producer's records, such as a crashed attempt's
+        request landing after the scan, or transaction markers) are read, from the first of them on.
+        """
+        mine: dict = {}
+        for _, topic, partition, offset in ours:
+            mine.setdefault((topic, partition), []).append(offset)
+        unread: dict = {}           # partition -> first offset that is neither scanned nor ours
+        for where, high in self._end_offsets(topics).items():
+            low = scanned_to.get(where)
+            offsets = sorted(mine.get(where, ()))
+            if low is None or (offsets and (offsets[0] < low or offsets[-1] >= high)):
+                # a partition the scan did not see (added since), or an acknowledgement outside what the scan and
+                # today's watermark bound: nothing to reason from, read it all again
+                return self._verify_by_rescan(batch_id, batch, topics, start)
+            if len(offsets) != high - low:
+                gaps = (o for o, expected in zip(offsets, range(low, high)) if o != expected)
+                unread[where] = next(gaps, low + len(offsets))
+        found = scanned + ours
+        if unread:
+            acknowledged = {(topic, partition, offset) for _, topic, partition, offset in ours}
+            extra, _ = self._scan(batch_id, topics, unread, only=set(unread))
+            found += [r for r in extra if tuple(r[1:]) not in acknowledged]
+        self._check_complete(batch_id, batch, found)
+
+    def _verify_by_rescan(self, batch_id: str, batch: list, topics, start: dict) -> None:
+        """``_verify`` by reading every record since the intent again."""
         deadline = time.monotonic() + self.timeout_s
         while True:
-            found = self._scan(batch_id, topics, start)
-            counts: dict = {}
-            for event_id, *_ in found:
-                counts[event_id] = counts.get(event_id, 0) + 1
-            present = _present(batch, found, self._compacted_topics)
-            missing = [e.event_id for e in batch if e.event_id not in present]
-            dupes = sorted(k for k, n in counts.items() if n > 1)
+            found, _ = self._scan(batch_id, topics, start)
+            missing, dupes = _missing_and_duplicated(batch, found, self._compacted_topics)
             # A committed transaction becomes visible to read_committed readers once the coordinator has written
             # its commit markers, a moment after commit_transaction returned (the last stable offset lags).
             if not (missing and not dupes and self.transactional_id and time.monotonic() < deadline):
                 break
             time.sleep(0.1)
+        self._check_complete(batch_id, batch, found)
+
+    def _check_complete(self, batch_id: str, batch: list, found: list) -> None:
+        missing, dupes = _missing_and_duplicated(batch, found, self._compacted_topics)
         if missing or dupes:
             raise PublishVerificationError(
                 f"batch {batch_id}: {len(missing)} events missing (first {missing[:3]}), "
                 f"{len(dupes)} duplicated (first {dupes[:3]})")
         _check_prefix(batch, found, self._compacted_topics)
+
+
+def _missing_and_duplicated(batch: list, found: list, compacted: set) -> tuple:
+    """([ids of the batch's events not in Kafka], sorted [ids found more than once]) given what was ``found``."""
+    counts = collections.Counter(event_id for event_id, *_ in found)
+    present = _present(batch, found, compacted)
+    missing = [e.event_id for e in batch if e.event_id not in present]
+    return missing, sorted(k for k, n in counts.items() if n > 1)
 
 
 def _as_events(events: Iterable) -> list:

@@ -32,6 +32,7 @@ from cdc_lib.errors import ConfigError, ObjectNotFound, StorageError, Verificati
 from .layout import CHECKSUM_SUFFIX, Layout, _check_key
 
 _CHUNK = 1 << 20
+_SINGLE_COPY_MAX = 5 << 30      # S3's CopyObject copies up to 5 GiB; larger objects take a multipart copy
 _ATTRIBUTE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -418,6 +419,23 @@ class ObjectStore:
         for k in (key + CHECKSUM_SUFFIX, key):
             self._delete_quiet(k)
 
+    def delete_many(self, keys: list[str]) -> None:
+        """``delete`` of every key, in two requests on S3 (however many keys: DeleteObjects takes 1,000 at once):
+        first all their sidecars, then the objects, so none is ever seen complete but partial."""
+        for batch in ([k + CHECKSUM_SUFFIX for k in keys], list(keys)):
+            if self.local or len(batch) < 2:
+                for key in batch:
+                    self._delete_quiet(key)
+                continue
+            paths = [self._path(key) for key in batch]
+            try:
+                self.fs.rm(paths)
+            except FileNotFoundError:    # a key already gone (S3 does not mind; other filesystems stop there)
+                for key in batch:
+                    self._delete_quiet(key)
+            for path in paths:
+                self._invalidate(path)
+
     def _delete_quiet(self, key: str) -> None:
         path = self._path(key)
         try:
@@ -429,27 +447,35 @@ class ObjectStore:
         except FileNotFoundError:
             pass
 
-    def move(self, src: str, dst: str) -> ObjectInfo:
-        """Move ``src`` to ``dst``: copy, verify, write dst's sidecar, then delete src.
+    def move(self, src: str, dst: str, *, keep_source: bool = False,
+             sidecar: tuple[str, dict[str, str]] | None = None) -> ObjectInfo:
+        """Move ``src`` to ``dst``: copy, verify, write dst's sidecar, then delete src (``keep_source``: the caller
+        deletes it, e.g. many at once with ``delete_many`` once every copy is complete). ``sidecar``: src's
+        (checksum, attributes) as the caller read them before, then not read again.
 
         At every instant at least one of the two is complete, and a retry after a crash finishes the move.
         """
         _check_key(src), _check_key(dst)
         try:
-            src_info = self.info(src)
+            stat = self._stat(src)      # size, and on S3 the ETag the copy is checked against: one request
         except ObjectNotFound:
             dst_info = self.info(dst)  # already moved by an earlier, interrupted call?
             if dst_info.checksum is None:
                 raise ObjectNotFound(f"no object {self.url_for(src)}") from None
             return dst_info
-        checksum = src_info.checksum or self._remote_sha256(src)
-        self._copy(src, dst)
-        self._verify_copy(src, dst, src_info.size, checksum)
-        self._write_sidecar(dst, checksum, src_info.attributes)
-        self.delete(src)
-        return ObjectInfo(dst, src_info.size, checksum, src_info.attributes)
+        size = int(stat["size"])
+        checksum, attributes = sidecar or self.sidecar(src)
+        checksum = checksum or self._remote_sha256(src)
+        copied_etag = self._copy(src, dst, size)
+        self._verify_copy(src, dst, size, checksum, _etag_of(stat), copied_etag)
+        self._write_sidecar(dst, checksum, attributes)
+        if not keep_source:
+            self.delete(src)
+        return ObjectInfo(dst, size, checksum, attributes)
 
-    def _copy(self, src: str, dst: str) -> None:
+    def _copy(self, src: str, dst: str, size: int) -> str | None:
+        """Copy ``src`` (``size`` bytes) to ``dst``; returns the copy's ETag when the store said it while copying
+        (S3's CopyObject, one request: s3fs's ``cp_file`` would first HEAD the source again)."""
         s, d = self._path(src), self._path(dst)
         if self.local:
             os.makedirs(os.path.dirname(d), exist_ok=True)
@@ -460,20 +486,32 @@ class ObjectStore:
                 shutil.copyfile(s, tmp)
             os.replace(tmp, d)
             _fsync_dir(os.path.dirname(d))
+        elif hasattr(self.fs, "call_s3") and size <= _SINGLE_COPY_MAX:
+            (sb, sk, _), (db, dk, _) = self.fs.split_path(s), self.fs.split_path(d)
+            out = self.fs.call_s3("copy_object", Bucket=db, Key=dk, CopySource={"Bucket": sb, "Key": sk})
+            self._invalidate(d)
+            return _etag_of(out.get("CopyObjectResult") or {})
         else:
             self.fs.cp_file(s, d)      # one object: no path expansion (its listings and HEADs) as copy() does
             self._invalidate(d)
+        return None
 
-    def _verify_copy(self, src: str, dst: str, size: int, checksum: str) -> None:
+    def _verify_copy(self, src: str, dst: str, size: int, checksum: str, src_etag: str | None,
+                     copied_etag: str | None) -> None:
+        """The copy ``dst`` has ``src``'s bytes. A single-part object's ETag is its content's MD5, which a
+        server-side copy keeps: the copy's ETag as the copy request returned it (``copied_etag``) equal to the
+        one ``src`` had before the copy says so (same MD5, same bytes, same size). Otherwise: the copy's size and
+        ETag from a HEAD, else its SHA-256 read back."""
+        if _is_md5(src_etag) and copied_etag == src_etag:
+            return
         stat = self._stat(dst)      # size and ETag in one request
         got = int(stat["size"])
         if got != size:
             raise VerificationError(f"{self.url_for(dst)}: copied size {got}, source {size}")
         if self.local and os.path.samefile(self._path(src), self._path(dst)):
             return
-        src_etag, dst_etag = self._etag(src), _etag_of(stat)
-        if src_etag and src_etag == dst_etag and re.fullmatch(r"[0-9a-f]{32}", src_etag):
-            return  # a server-side copy of a single-part object keeps its content MD5
+        if _is_md5(src_etag) and src_etag == _etag_of(stat):
+            return
         got_sha = self._remote_sha256(dst)
         if got_sha != checksum:
             raise VerificationError(f"{self.url_for(dst)}: copy hashes to {got_sha}, source {checksum}")
@@ -491,6 +529,11 @@ class ObjectStore:
 
     def __repr__(self) -> str:
         return f"ObjectStore({self.url!r})"
+
+
+def _is_md5(etag: str | None) -> bool:
+    """An ETag that is a content MD5 (a single-part upload's; a multipart upload's ends in ``-<parts>``)."""
+    return etag is not None and re.fullmatch(r"[0-9a-f]{32}", etag) is not None
 
 
 def _etag_of(info: dict) -> str | None:
