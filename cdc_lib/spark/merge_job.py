@@ -537,7 +537,8 @@ def run_batch(spark, segments, *, root: str, storage_options: Optional[dict] = N
     damage is quarantined in (default ``root``) and scanned ranges are kept in; ``checksums``: segment -> sha256
     to check each download against. ``create_op``: the op of an event for a row that becomes visible (``r`` for a
     backfill). ``scan_settings`` (``scan.ScanSettings``): how token ranges are read; ``parallelism``: sources
-    read at once without Spark (token ranges: the scan waits on Cassandra, not on this CPU). ``horizons``: table
+    read at once without Spark (token ranges: the scan waits on Cassandra, not on this CPU; segments: downloads
+    wait on the store, and the compiled decoder releases the GIL). ``horizons``: table
     id -> when a backfill scan read its partitions (``scan.horizon``; older changes make no event);
     ``keys``: the ``EncryptionKeys`` of encrypted segments (``pipeline.resources.encryption_keys``).
     ``on_loaded(loaded)`` is called with ``BatchResult.loaded`` once the sources are read, before anything is
