@@ -5,17 +5,18 @@
 
 use std::collections::BTreeMap;
 
-use super::arrow_in::Col;
+use super::arrow_in::{prefetch_line, Col};
 use super::engine::{self, Cell, Complex, EventCtx, Emitter, Kind, PartitionState, Rec, RowState};
-use super::out::{Events, StateRows};
+use super::out::{Events, Out, StateRows};
 use super::table::Table;
 use crate::fxhash::FxMap;
 use super::types::D;
 
 
 pub struct Output {
-    /// every partition of the batch, in publish order: (partition key, token)
-    pub keys: Vec<(Vec<u8>, i64)>,
+    /// every partition of the batch, in publish order: its key (binary) and token
+    pub keys: Out,
+    pub tokens: Vec<i64>,
     /// the threads' outputs, in publish order
     pub runs: Vec<Run>,
 }
@@ -147,6 +148,32 @@ impl<'a> CellLog<'a> {
             c.intern(t);
         }
     }
+
+    /// Start loading a record's columns (the first of `LogChunk::prefetch`'s two steps).
+    fn prefetch(&self, r: Rid) {
+        let (c, i) = self.at(r);
+        for col in c.columns() {
+            col.prefetch(i);
+        }
+    }
+
+    /// Start loading a record's binary values (their offsets loaded by `prefetch` a while before).
+    fn prefetch_data(&self, r: Rid) {
+        let (c, i) = self.at(r);
+        for col in c.columns() {
+            col.prefetch_data(i);
+        }
+    }
+
+    fn prefetch_pk(&self, r: Rid) {
+        let (c, i) = self.at(r);
+        c.pk.prefetch(i);
+    }
+
+    fn prefetch_pk_data(&self, r: Rid) {
+        let (c, i) = self.at(r);
+        c.pk.prefetch_data(i);
+    }
 }
 
 /// One record batch of the cell log.
@@ -189,6 +216,12 @@ impl<'a> LogChunk<'a> {
             value: f("value", "z")?, ts: f("timestamp", "l")?, ttl: f("ttl", "i")?,
             ldt: f("local_deletion_time", "l")?, mid: f("mutation_id", "z")?,
         })
+    }
+
+    fn columns(&self) -> [&'a Col; 20] {
+        [self.segment, self.segment_id, self.position, self.entry_index, self.seq, self.pk, self.token,
+         self.clustering, self.clustering_end, self.start_incl, self.end_incl, self.is_static, self.kind, self.column,
+         self.path, self.value, self.ts, self.ttl, self.ldt, self.mid]
     }
 
     fn identity(&self, i: usize) -> Identity<'a> {
@@ -264,7 +297,7 @@ struct Stored<'a> {
 }
 
 impl<'a> Stored<'a> {
-    /// Index the records by partition; every column name they hold becomes known to `t`.
+    /// The stored records, every column name they hold made known to `t` (not yet indexed: `index`).
     fn new(t: &mut Table, c: &'a Col) -> Result<Stored<'a>, String> {
         let f = |name: &str, format: &str| -> Result<&'a Col, String> {
             let col = c.child(name)?;
@@ -285,17 +318,54 @@ impl<'a> Stored<'a> {
                 t.col(col.bytes(j));
             }
         }
-        let mut by_key: FxMap<&'a [u8], (u32, u32)> = FxMap::with_capacity_and_hasher(c.len, Default::default());
-        let mut next = vec![u32::MAX; c.len];
-        for i in 0..c.len as u32 {
-            by_key.entry(s.pk.bytes(i as usize))
+        Ok(s)
+    }
+
+    /// The records by partition (`by_key` and `next`).
+    fn index(&self) -> (FxMap<&'a [u8], (u32, u32)>, Vec<u32>) {
+        let n = self.pk.len;
+        let mut by_key: FxMap<&'a [u8], (u32, u32)> = FxMap::with_capacity_and_hasher(n, Default::default());
+        let mut next = vec![u32::MAX; n];
+        for i in 0..n as u32 {
+            by_key.entry(self.pk.bytes(i as usize))
                 .and_modify(|(_, last)| {
                     next[*last as usize] = i;
                     *last = i;
                 })
                 .or_insert((i, i));
         }
-        Ok(Stored { by_key, next, ..s })
+        (by_key, next)
+    }
+
+    fn columns(&self) -> [&'a Col; 13] {
+        [self.pk, self.kind, self.ck, self.lts, self.lttl, self.lldt, self.dts, self.dldt, self.sts, self.sldt,
+         self.cells, self.cdels, self.rts]
+    }
+
+    /// Start loading the first stored record of partition `pk` (its key's bytes loaded a while before: the hash
+    /// lookup reads them).
+    fn prefetch(&self, pk: &[u8]) {
+        if let Some(&(first, _)) = self.by_key.get(pk) {
+            for col in self.columns() {
+                col.prefetch(first as usize);
+            }
+        }
+    }
+
+    /// Start loading the cells of the first stored record of `pk` (its list offsets loaded by `prefetch`).
+    fn prefetch_cells(&self, pk: &[u8]) {
+        if let Some(&(first, _)) = self.by_key.get(pk) {
+            let i = first as usize;
+            for col in self.columns() {
+                col.prefetch_data(i);
+            }
+            if self.cells.valid(i) {
+                let j = self.cells.list_range(i).start;
+                for col in &self.cells.children[0].children {
+                    col.prefetch(j);
+                }
+            }
+        }
     }
 
     /// The stored state of one partition (None: not stored).
@@ -396,36 +466,55 @@ fn process_partition(em: &Emitter, pk: &[u8], recs: &[Rec], prior: Option<&Parti
     Ok((state, changed))
 }
 
+/// The partitions of the cell log's records in publish order (token, then key), and every record's place
+/// sorted so that a partition's records are one run of it, in cell-log order (replica copies are dropped per
+/// partition, by the thread that runs it: `partition_records`).
+fn partitions<'a>(log: &CellLog<'a>) -> (Vec<Part<'a>>, Vec<Rid>) {
+    let mut sorted: Vec<(i64, u64)> = log.rids().map(|r| (log.token(r), r.packed())).collect();
+    sorted.sort_unstable();
+    let pk = |x: &(i64, u64)| log.pk(Rid::unpack(x.1));
+    let mut order: Vec<Part> = Vec::with_capacity(sorted.len());
+    let mut i = 0;
+    while i < sorted.len() {
+        // the keys' bytes are read in token order, scattered over the cell log: asked for ahead
+        if let Some(x) = sorted.get(i + 16) {
+            log.prefetch_pk(Rid::unpack(x.1));
+        }
+        if let Some(x) = sorted.get(i + 8) {
+            log.prefetch_pk_data(Rid::unpack(x.1));
+        }
+        let token = sorted[i].0;
+        let end = i + sorted[i..].iter().take_while(|x| x.0 == token).count();
+        let first = pk(&sorted[i]);
+        if sorted[i + 1..end].iter().any(|x| pk(x) != first) {
+            // keys sharing a token: by key, each in cell-log order (a stable sort)
+            sorted[i..end].sort_by(|a, b| pk(a).cmp(pk(b)));
+        }
+        let mut j = i;
+        while j < end {
+            let key = pk(&sorted[j]);
+            let k = j + 1 + sorted[j + 1..end].iter().take_while(|x| pk(x) == key).count();
+            order.push(Part { pk: key, token, recs: j..k });
+            j = k;
+        }
+        i = end;
+    }
+    (order, sorted.into_iter().map(|x| Rid::unpack(x.1)).collect())
+}
+
 /// One table's batch. `cell_log`: the table's records (record batches of `CELL_LOG_SCHEMA`); `stored`: the stored records of every
 /// partition the batch touches (`STATE_SCHEMA`); `expiring`: partitions to sweep that have no records.
 pub fn process_table(t: &mut Table, cell_log: &[Col], stored: &Col, expiring: &[Vec<u8>], s: &Settings)
                      -> Result<Output, String> {
     let log = CellLog::new(cell_log)?;
-    // partitions: every record's (token, place) sorted, so that a partition's records are one run, in cell-log
-    // order (replica copies are dropped per partition, by the thread that runs it: `partition_records`)
     log.intern(t);
-    let mut sorted: Vec<(i64, u64)> = log.rids().map(|r| (log.token(r), r.packed())).collect();
-    sorted.sort_unstable();
-    let mut order: Vec<Part> = Vec::new();
-    let mut i = 0;
-    while i < sorted.len() {
-        let token = sorted[i].0;
-        let end = i + sorted[i..].iter().take_while(|x| x.0 == token).count();
-        let pk = log.pk(Rid::unpack(sorted[i].1));
-        if sorted[i..end].iter().any(|x| log.pk(Rid::unpack(x.1)) != pk) {
-            // keys sharing a token: by key, each in cell-log order (a stable sort)
-            sorted[i..end].sort_by(|a, b| log.pk(Rid::unpack(a.1)).cmp(log.pk(Rid::unpack(b.1))));
-        }
-        let mut j = i;
-        while j < end {
-            let pk = log.pk(Rid::unpack(sorted[j].1));
-            let k = j + sorted[j..end].iter().take_while(|x| log.pk(Rid::unpack(x.1)) == pk).count();
-            order.push(Part { pk, token, recs: j..k });
-            j = k;
-        }
-        i = end;
-    }
-    let sorted: Vec<Rid> = sorted.into_iter().map(|x| Rid::unpack(x.1)).collect();
+    let mut stored = Stored::new(t, stored)?;
+    // the stored records are indexed by partition while the cell log's are sorted into partitions
+    let ((mut order, sorted), (by_key, next)) = std::thread::scope(|scope| {
+        let index = scope.spawn(|| stored.index());
+        (partitions(&log), index.join().expect("the stored records' index panicked"))
+    });
+    (stored.by_key, stored.next) = (by_key, next);
     let by_order = |a: &Part, b: &Part| (a.token, a.pk).cmp(&(b.token, b.pk));
     let mut swept = false;
     for pk in expiring {
@@ -439,7 +528,15 @@ pub fn process_table(t: &mut Table, cell_log: &[Col], stored: &Col, expiring: &[
         order.sort_by(by_order);
         order.dedup_by(|a, b| a.pk == b.pk && a.token == b.token);
     }
-    let stored = Stored::new(t, stored)?;
+    // the partitions in publish order, as Arrow buffers (their keys' bytes are scattered over the cell log)
+    let mut keys = Out::var_with_capacity(order.len(), order.iter().map(|p| p.pk.len()).sum());
+    for (i, p) in order.iter().enumerate() {
+        if let Some(ahead) = order.get(i + 8) {
+            prefetch_line(ahead.pk.as_ptr());
+        }
+        keys.bytes(p.pk);
+    }
+    let tokens = order.iter().map(|p| p.token).collect();
     let t: &Table = t;
     let ctx = EventCtx { cluster: s.cluster, node: "", ts_ms: s.now * 1000 };
     let em = Emitter { t, ctx: &ctx };
@@ -473,7 +570,7 @@ pub fn process_table(t: &mut Table, cell_log: &[Col], stored: &Col, expiring: &[
     if runs.iter_mut().any(|r| r.overflowed()) {
         return Err("a batch too large for 32-bit Arrow offsets".into());
     }
-    Ok(Output { keys: order.iter().map(|p| (p.pk.to_vec(), p.token)).collect(), runs })
+    Ok(Output { keys, tokens, runs })
 }
 
 /// What a thread made of a contiguous run of partitions: its outputs are one chunk of the batch's (Python
@@ -537,7 +634,18 @@ fn process_run(em: &Emitter, stored: &Stored, log: &CellLog, sorted: &[Rid], ord
     let mut kept: Vec<Rid> = Vec::new();
     // the state columns are sized once from what the first partitions wrote (a sample large enough to be typical)
     let sample = (order.len() / 32).max(1024);
+    // what partition i reads is asked for ahead, in steps that each need the one before done (offsets, then the
+    // bytes they point to; the key's bytes, then the stored records found by it, then their cells)
+    let ahead = |i: usize, step: fn(&CellLog, &Stored, &Part, &[Rid])| {
+        if let Some(p) = order.get(i) {
+            step(log, stored, p, &sorted[p.recs.clone()]);
+        }
+    };
     for (i, part) in order.iter().enumerate() {
+        ahead(i + 4, |log, _, _, recs| recs.iter().for_each(|&r| log.prefetch(r)));
+        ahead(i + 3, |log, _, _, recs| recs.iter().for_each(|&r| log.prefetch_data(r)));
+        ahead(i + 2, |_, stored, p, _| stored.prefetch(p.pk));
+        ahead(i + 1, |_, stored, p, _| stored.prefetch_cells(p.pk));
         if i == sample {
             let factor = (order.len() - i) as f64 / i as f64 * 1.1;
             for o in out.state.columns_mut() {
