@@ -102,8 +102,12 @@ impl Col {
             "+l" => (4, false),
             _ => (0, false),
         };
-        Ok(Col { format, name, len: a.length as usize, offset: a.offset as usize, validity, b1: buf(1), b2: buf(2),
-                 width, var, children })
+        // an exporter may hand over no data buffer when every value is empty: the values then point at a real
+        // empty one (a slice must not be built from a null pointer, nor compared at a dangling one: `key`)
+        static NO_DATA: [u8; 1] = [0];
+        let b2 = if var && buf(2).is_null() { NO_DATA.as_ptr() } else { buf(2) };
+        Ok(Col { format, name, len: a.length as usize, offset: a.offset as usize, validity, b1: buf(1), b2, width,
+                 var, children })
     }
 
     pub fn expect(&self, format: &str) -> Result<(), String> {

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use super::arrow_in::{prefetch_line, Col};
 use super::engine::{self, Cell, Complex, EventCtx, Emitter, Kind, PartitionState, Rec, RowState};
+use super::key::Key;
 use super::out::{Events, Out, StateRows};
 use super::table::Table;
 use crate::fxhash::FxMap;
@@ -424,7 +425,7 @@ impl<'a> Stored<'a> {
             match k {
                 b"static" => part.static_row = row,
                 b"row" => {
-                    part.rows.insert(self.ck.bytes(i).to_vec(), row);
+                    part.rows.insert(Key::from(self.ck.bytes(i)), row);
                 }
                 other => return Err(format!("unknown state row_kind {:?}", String::from_utf8_lossy(other))),
             }

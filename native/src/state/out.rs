@@ -5,6 +5,7 @@
 use crate::columns::Bits;
 
 use super::engine::{self, Cell, IVal, Image, Images, PartitionState, RowKey, RowState};
+use super::key;
 use super::table::{ColId, Role, Table};
 use super::text;
 use super::types::{self, Doubt, Ty, D};
@@ -874,7 +875,7 @@ impl StateRows {
                 gone.push(("row", ck));
             }
             for (kind, ck) in gone {
-                if present.contains(&(kind, ck)) {
+                if present.iter().any(|&(k, c)| k == kind && key::eq(c, ck)) {
                     continue;
                 }
                 for o in self.typed.iter_mut() {
