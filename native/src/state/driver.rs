@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use super::arrow_in::{prefetch_line, Col};
 use super::engine::{self, Cell, Complex, EventCtx, Emitter, Kind, PartitionState, Rec, RowState};
-use super::key::Key;
+use super::key::{self, Key};
 use super::out::{Events, Out, StateRows};
 use super::table::Table;
 use crate::fxhash::FxMap;
@@ -33,22 +33,23 @@ pub struct Settings<'a> {
 }
 
 /// The identity of a cell-log record (`batch.IDENTITY_COLUMNS` within one table): copies of one record from
-/// several replicas share it.
+/// several replicas share it. Records are compared within one partition only, so the partition key is left out;
+/// the fields cheapest to compare and likeliest to differ come first (a derived `==` stops at the first that
+/// differs).
 #[derive(Hash, PartialEq, Eq)]
 struct Identity<'a> {
-    pk: &'a [u8],
-    clustering: &'a [u8],
-    clustering_end: Option<&'a [u8]>,
-    start_incl: Option<bool>,
-    end_incl: Option<bool>,
-    is_static: bool,
-    kind: &'a [u8],
-    column: Option<&'a [u8]>,
-    path: Option<&'a [u8]>,
-    value: Option<&'a [u8]>,
     ts: i64,
     ttl: i32,
     ldt: i64,
+    is_static: bool,
+    start_incl: Option<bool>,
+    end_incl: Option<bool>,
+    column: Option<&'a [u8]>,
+    kind: &'a [u8],
+    value: Option<&'a [u8]>,
+    path: Option<&'a [u8]>,
+    clustering: &'a [u8],
+    clustering_end: Option<&'a [u8]>,
     mid: Option<&'a [u8]>,
 }
 
@@ -227,11 +228,11 @@ impl<'a> LogChunk<'a> {
 
     fn identity(&self, i: usize) -> Identity<'a> {
         Identity {
-            pk: self.pk.bytes(i), clustering: self.clustering.bytes(i), clustering_end: self.clustering_end.opt_bytes(i),
+            ts: self.ts.i64(i), ttl: self.ttl.i32(i), ldt: self.ldt.i64(i), is_static: self.is_static.bool(i),
             start_incl: self.start_incl.opt_bool(i), end_incl: self.end_incl.opt_bool(i),
-            is_static: self.is_static.bool(i), kind: self.kind.bytes(i), column: self.column.opt_bytes(i),
-            path: self.path.opt_bytes(i), value: self.value.opt_bytes(i), ts: self.ts.i64(i), ttl: self.ttl.i32(i),
-            ldt: self.ldt.i64(i), mid: self.mid.opt_bytes(i),
+            column: self.column.opt_bytes(i), kind: self.kind.bytes(i), value: self.value.opt_bytes(i),
+            path: self.path.opt_bytes(i), clustering: self.clustering.bytes(i),
+            clustering_end: self.clustering_end.opt_bytes(i), mid: self.mid.opt_bytes(i),
         }
     }
 
@@ -276,6 +277,64 @@ impl<'a> LogChunk<'a> {
     }
 }
 
+fn key_hash(pk: &[u8]) -> u64 {
+    use std::hash::Hasher;
+    let mut h = crate::fxhash::FxHasher::default();
+    h.write(pk);
+    h.finish()
+}
+
+const EMPTY: u32 = u32::MAX;
+
+#[derive(Clone, Copy)]
+struct Slot {
+    hash: u64,
+    /// the partition's first record (EMPTY: a free slot)
+    first: u32,
+}
+
+/// Partition key -> first stored record: an open-addressing table (linear probing, at most half full) rather
+/// than a HashMap, because the slot of a key can be asked for ahead of the lookup (`Stored::prefetch_slot`),
+/// and the record it names before the key is compared (`guess`). The keys are the stored records' own.
+struct ByKey {
+    slots: Vec<Slot>,
+    mask: usize,
+}
+
+impl ByKey {
+    fn with_capacity(n: usize) -> ByKey {
+        let size = (2 * n).next_power_of_two().max(16);
+        ByKey { slots: vec![Slot { hash: 0, first: EMPTY }; size], mask: size - 1 }
+    }
+
+    /// The slot holding `pk` (whose hash is `h`), or the free slot where it goes; `key_of` gives a record's key.
+    fn find<'k>(&self, h: u64, pk: &[u8], key_of: impl Fn(u32) -> &'k [u8]) -> usize {
+        let mut i = h as usize & self.mask;
+        loop {
+            let s = &self.slots[i];
+            if s.first == EMPTY || (s.hash == h && key::eq(key_of(s.first), pk)) {
+                return i;
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+
+    /// The first record of the first key with hash `h`, its key not compared: what to prefetch.
+    fn guess(&self, h: u64) -> Option<u32> {
+        let mut i = h as usize & self.mask;
+        loop {
+            let s = &self.slots[i];
+            if s.first == EMPTY {
+                return None;
+            }
+            if s.hash == h {
+                return Some(s.first);
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+}
+
 /// The stored records (`reconcile.STATE_SCHEMA`) of the batch's partitions, read one partition at a time
 /// (`partition_from_records`) so that only one partition's state is in memory at once.
 struct Stored<'a> {
@@ -292,8 +351,8 @@ struct Stored<'a> {
     cells: &'a Col,
     cdels: &'a Col,
     rts: &'a Col,
-    /// partition key -> its first and last record; `next` chains a partition's records (no list per partition)
-    by_key: FxMap<&'a [u8], (u32, u32)>,
+    /// partition key -> its first record; `next` chains a partition's records (no list per partition)
+    by_key: ByKey,
     next: Vec<u32>,
 }
 
@@ -310,7 +369,7 @@ impl<'a> Stored<'a> {
             lts: f("liveness_ts", "l")?, lttl: f("liveness_ttl", "i")?, lldt: f("liveness_ldt", "l")?,
             dts: f("deletion_ts", "l")?, dldt: f("deletion_ldt", "l")?, sts: f("shadowable_ts", "l")?,
             sldt: f("shadowable_ldt", "l")?, cells: f("cells", "+l")?, cdels: f("complex_deletions", "+l")?,
-            rts: f("range_tombstones", "+l")?, by_key: FxMap::default(), next: Vec::new(),
+            rts: f("range_tombstones", "+l")?, by_key: ByKey::with_capacity(0), next: Vec::new(),
         };
         let names = [s.cells.children[0].child("column")?, s.cdels.children[0].child("column")?];
         for col in names {
@@ -323,17 +382,22 @@ impl<'a> Stored<'a> {
     }
 
     /// The records by partition (`by_key` and `next`).
-    fn index(&self) -> (FxMap<&'a [u8], (u32, u32)>, Vec<u32>) {
+    fn index(&self) -> (ByKey, Vec<u32>) {
         let n = self.pk.len;
-        let mut by_key: FxMap<&'a [u8], (u32, u32)> = FxMap::with_capacity_and_hasher(n, Default::default());
+        let mut by_key = ByKey::with_capacity(n);
+        let mut last = vec![0u32; by_key.slots.len()];
         let mut next = vec![u32::MAX; n];
         for i in 0..n as u32 {
-            by_key.entry(self.pk.bytes(i as usize))
-                .and_modify(|(_, last)| {
-                    next[*last as usize] = i;
-                    *last = i;
-                })
-                .or_insert((i, i));
+            let pk = self.pk.bytes(i as usize);
+            let h = key_hash(pk);
+            let k = by_key.find(h, pk, |r| self.pk.bytes(r as usize));
+            let slot = &mut by_key.slots[k];
+            if slot.first == EMPTY {
+                *slot = Slot { hash: h, first: i };
+            } else {
+                next[last[k] as usize] = i;
+            }
+            last[k] = i;
         }
         (by_key, next)
     }
@@ -343,19 +407,30 @@ impl<'a> Stored<'a> {
          self.cells, self.cdels, self.rts]
     }
 
-    /// Start loading the first stored record of partition `pk` (its key's bytes loaded a while before: the hash
-    /// lookup reads them).
+    /// The first record of partition `pk`.
+    fn first(&self, pk: &[u8]) -> Option<u32> {
+        let slot = &self.by_key.slots[self.by_key.find(key_hash(pk), pk, |r| self.pk.bytes(r as usize))];
+        (slot.first != EMPTY).then_some(slot.first)
+    }
+
+    /// Start loading the slot of partition `pk` in `by_key` (its key's bytes loaded a while before).
+    fn prefetch_slot(&self, pk: &[u8]) {
+        let h = key_hash(pk);
+        prefetch_line(&self.by_key.slots[h as usize & self.by_key.mask] as *const Slot as *const u8);
+    }
+
+    /// Start loading the first stored record of partition `pk` (its slot loaded by `prefetch_slot`).
     fn prefetch(&self, pk: &[u8]) {
-        if let Some(&(first, _)) = self.by_key.get(pk) {
+        if let Some(first) = self.by_key.guess(key_hash(pk)) {
             for col in self.columns() {
                 col.prefetch(first as usize);
             }
         }
     }
 
-    /// Start loading the cells of the first stored record of `pk` (its list offsets loaded by `prefetch`).
+    /// Start loading the bytes and cells of the first stored record of `pk` (its offsets loaded by `prefetch`).
     fn prefetch_cells(&self, pk: &[u8]) {
-        if let Some(&(first, _)) = self.by_key.get(pk) {
+        if let Some(first) = self.by_key.guess(key_hash(pk)) {
             let i = first as usize;
             for col in self.columns() {
                 col.prefetch_data(i);
@@ -371,7 +446,7 @@ impl<'a> Stored<'a> {
 
     /// The stored state of one partition (None: not stored).
     fn partition(&self, t: &Table, pk: &[u8]) -> Result<Option<PartitionState>, String> {
-        let Some(&(first, _)) = self.by_key.get(pk) else { return Ok(None) };
+        let Some(first) = self.first(pk) else { return Ok(None) };
         let rows = std::iter::successors(Some(first), |&i| Some(self.next[i as usize])
             .filter(|&j| j != u32::MAX)).map(|i| i as usize);
         let ce = &self.cells.children[0];
@@ -544,7 +619,7 @@ pub fn process_table(t: &mut Table, cell_log: &[Col], stored: &Col, expiring: &[
     // partitions are independent: contiguous runs of them, which `threads` threads take in turn (a thread the
     // machine slows down takes fewer), outputs joined in order
     let threads = s.threads.clamp(1, order.len().max(1));
-    let per = if threads == 1 { order.len().max(1) } else { order.len().div_ceil(threads * 8).max(4096) };
+    let per = if threads == 1 { order.len().max(1) } else { order.len().div_ceil(threads * 2).max(4096) };
     let chunks: Vec<&[Part]> = order.chunks(per).collect();
     let next = std::sync::atomic::AtomicUsize::new(0);
     let mut runs: Vec<(usize, Result<Run, String>)> = std::thread::scope(|scope| {
@@ -635,16 +710,18 @@ fn process_run(em: &Emitter, stored: &Stored, log: &CellLog, sorted: &[Rid], ord
     let mut kept: Vec<Rid> = Vec::new();
     // the state columns are sized once from what the first partitions wrote (a sample large enough to be typical)
     let sample = (order.len() / 32).max(1024);
-    // what partition i reads is asked for ahead, in steps that each need the one before done (offsets, then the
-    // bytes they point to; the key's bytes, then the stored records found by it, then their cells)
+    // what partition i reads is asked for ahead, in steps that each need the one before done: the records'
+    // offsets, then the bytes they point to (the key's among them), then the key's slot among the stored
+    // partitions, then the stored record it names, then that record's bytes and cells
     let ahead = |i: usize, step: fn(&CellLog, &Stored, &Part, &[Rid])| {
         if let Some(p) = order.get(i) {
             step(log, stored, p, &sorted[p.recs.clone()]);
         }
     };
     for (i, part) in order.iter().enumerate() {
-        ahead(i + 4, |log, _, _, recs| recs.iter().for_each(|&r| log.prefetch(r)));
-        ahead(i + 3, |log, _, _, recs| recs.iter().for_each(|&r| log.prefetch_data(r)));
+        ahead(i + 5, |log, _, _, recs| recs.iter().for_each(|&r| log.prefetch(r)));
+        ahead(i + 4, |log, _, _, recs| recs.iter().for_each(|&r| log.prefetch_data(r)));
+        ahead(i + 3, |_, stored, p, _| stored.prefetch_slot(p.pk));
         ahead(i + 2, |_, stored, p, _| stored.prefetch(p.pk));
         ahead(i + 1, |_, stored, p, _| stored.prefetch_cells(p.pk));
         if i == sample {
