@@ -220,10 +220,12 @@ impl<'a> LogChunk<'a> {
         })
     }
 
-    fn columns(&self) -> [&'a Col; 20] {
-        [self.segment, self.segment_id, self.position, self.entry_index, self.seq, self.pk, self.token,
-         self.clustering, self.clustering_end, self.start_incl, self.end_incl, self.is_static, self.kind, self.column,
-         self.path, self.value, self.ts, self.ttl, self.ldt, self.mid]
+    /// The columns processing a record reads (what to prefetch): not the token (the partition's), nor the entry
+    /// index and seq, which only order replica copies.
+    fn columns(&self) -> [&'a Col; 17] {
+        [self.segment, self.segment_id, self.position, self.pk, self.clustering, self.clustering_end,
+         self.start_incl, self.end_incl, self.is_static, self.kind, self.column, self.path, self.value, self.ts,
+         self.ttl, self.ldt, self.mid]
     }
 
     fn identity(&self, i: usize) -> Identity<'a> {
@@ -509,18 +511,6 @@ impl<'a> Stored<'a> {
     }
 }
 
-/// Every builder's length, to undo what a doubted partition appended.
-fn lengths(s: &mut StateRows) -> (usize, Vec<usize>) {
-    (s.n, s.columns_mut().iter().map(|o| o.len()).collect())
-}
-
-fn truncate(s: &mut StateRows, to: &(usize, Vec<usize>)) {
-    s.n = to.0;
-    for (o, n) in s.columns_mut().into_iter().zip(&to.1) {
-        o.truncate(*n);
-    }
-}
-
 /// `process_partition` for one partition: the events, the new state, whether it must be written back.
 fn process_partition(em: &Emitter, pk: &[u8], recs: &[Rec], prior: Option<&PartitionState>, s: &Settings,
                      events: &mut Events) -> D<(PartitionState, bool)> {
@@ -747,7 +737,7 @@ fn process_run(em: &Emitter, stored: &Stored, log: &CellLog, sorted: &[Rid], ord
         }
         let prior_state = stored.partition(t, pk)?;
         let prior = prior_state.as_ref();
-        let mark = lengths(&mut out.state);
+        let mark = out.state.n;
         let events_mark = out.events.len();
         out.events.current = idx as i32;
         let done = process_partition(em, pk, &recs, prior, s, &mut out.events).and_then(|(state, changed)| {
@@ -759,7 +749,7 @@ fn process_run(em: &Emitter, stored: &Stored, log: &CellLog, sorted: &[Rid], ord
         match done {
             Ok(changed) => out.changed += changed as usize,
             Err(_) => {
-                truncate(&mut out.state, &mark);
+                out.state.truncate(mark);
                 out.events.truncate(events_mark);
                 out.doubted.push(idx);
             }

@@ -696,6 +696,15 @@ impl StateRows {
         v
     }
 
+    /// Drop the rows after the first `n` (what a doubted partition appended, rows it completed or not): every
+    /// complete row has an entry in every column.
+    pub fn truncate(&mut self, n: usize) {
+        self.n = n;
+        for o in self.columns_mut() {
+            o.truncate(n);
+        }
+    }
+
     /// Every builder, in `merge_source_schema` order.
     pub fn columns(self) -> Vec<Out> {
         let mut v = self.typed;
