@@ -541,14 +541,8 @@ fn process_table<'py>(py: Python<'py>, table_desc: &Bound<'py, PyAny>, cell_log:
         .map_err(PyValueError::new_err)?;
     let d = PyDict::new(py);
     // the partitions in publish order, as Arrow buffers: (binary keys, their int64 tokens)
-    let mut keys = Out::var_with_capacity(out.keys.len(), out.keys.iter().map(|(k, _)| k.len()).sum());
-    let mut tokens = Vec::with_capacity(out.keys.len());
-    for (k, tok) in out.keys {
-        keys.bytes(&k);
-        tokens.push(tok);
-    }
-    d.set_item("keys", out_spec(py, keys)?)?;
-    d.set_item("tokens", buf(py, BufData::I64(tokens))?)?;
+    d.set_item("keys", out_spec(py, out.keys)?)?;
+    d.set_item("tokens", buf(py, BufData::I64(out.tokens))?)?;
     // one entry per thread's run: {doubted, changed, event_partition, event_ts_us, event columns, state columns}
     let runs = PyList::empty(py);
     for run in out.runs {

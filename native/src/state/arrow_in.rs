@@ -43,7 +43,23 @@ pub struct Col {
     validity: *const u8,
     b1: *const u8,
     b2: *const u8,
+    /// bytes per value in `b1` (0: a bitmap; 4 for offsets), for `prefetch`
+    width: u8,
+    /// whether `b2` holds the values `b1`'s offsets point into (binary and string)
+    var: bool,
     pub children: Vec<Col>,
+}
+
+/// Ask the CPU to bring the cache line holding `p` in (a hint: never faults, a no-op elsewhere than x86-64).
+#[inline(always)]
+pub fn prefetch_line(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint that does not access memory architecturally, whatever the address
+    unsafe {
+        std::arch::x86_64::_mm_prefetch(p as *const i8, std::arch::x86_64::_MM_HINT_T0)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 unsafe impl Send for Col {}
@@ -79,8 +95,19 @@ impl Col {
             }
         }
         let validity = if a.null_count == 0 { std::ptr::null() } else { buf(0) };
-        Ok(Col { format, name, len: a.length as usize, offset: a.offset as usize, validity, b1: buf(1), b2: buf(2),
-                 children })
+        let (width, var) = match format.as_str() {
+            "l" => (8, false),
+            "i" => (4, false),
+            "u" | "z" => (4, true),
+            "+l" => (4, false),
+            _ => (0, false),
+        };
+        // an exporter may hand over no data buffer when every value is empty: the values then point at a real
+        // empty one (a slice must not be built from a null pointer, nor compared at a dangling one: `key`)
+        static NO_DATA: [u8; 1] = [0];
+        let b2 = if var && buf(2).is_null() { NO_DATA.as_ptr() } else { buf(2) };
+        Ok(Col { format, name, len: a.length as usize, offset: a.offset as usize, validity, b1: buf(1), b2, width,
+                 var, children })
     }
 
     pub fn expect(&self, format: &str) -> Result<(), String> {
@@ -166,6 +193,33 @@ impl Col {
             Some(self.bool(i))
         } else {
             None
+        }
+    }
+
+    /// Start loading what reading value `i` touches first: its validity bit, its value or its offsets. The
+    /// engine reads the records of one partition after another in token order, scattered over the cell log and
+    /// the stored state: without a hint, nearly every column read waits on memory.
+    #[inline]
+    pub fn prefetch(&self, i: usize) {
+        let j = i + self.offset;
+        if !self.validity.is_null() {
+            prefetch_line(self.validity.wrapping_add(j / 8));
+        }
+        if !self.b1.is_null() {
+            prefetch_line(match self.width {
+                0 => self.b1.wrapping_add(j / 8),
+                w => self.b1.wrapping_add(j * w as usize),
+            });
+        }
+    }
+
+    /// Start loading the bytes of binary value `i` (its offsets read: `prefetch` them first).
+    #[inline]
+    pub fn prefetch_data(&self, i: usize) {
+        if self.var && i < self.len {
+            // SAFETY: offsets of offset + len + 1 values
+            let a = unsafe { (self.b1 as *const i32).add(i + self.offset).read_unaligned() } as usize;
+            prefetch_line(self.b2.wrapping_add(a));
         }
     }
 

@@ -5,17 +5,19 @@
 
 use std::collections::BTreeMap;
 
-use super::arrow_in::Col;
+use super::arrow_in::{prefetch_line, Col};
 use super::engine::{self, Cell, Complex, EventCtx, Emitter, Kind, PartitionState, Rec, RowState};
-use super::out::{Events, StateRows};
+use super::key::{self, Key};
+use super::out::{Events, Out, StateRows};
 use super::table::Table;
 use crate::fxhash::FxMap;
 use super::types::D;
 
 
 pub struct Output {
-    /// every partition of the batch, in publish order: (partition key, token)
-    pub keys: Vec<(Vec<u8>, i64)>,
+    /// every partition of the batch, in publish order: its key (binary) and token
+    pub keys: Out,
+    pub tokens: Vec<i64>,
     /// the threads' outputs, in publish order
     pub runs: Vec<Run>,
 }
@@ -31,22 +33,23 @@ pub struct Settings<'a> {
 }
 
 /// The identity of a cell-log record (`batch.IDENTITY_COLUMNS` within one table): copies of one record from
-/// several replicas share it.
+/// several replicas share it. Records are compared within one partition only, so the partition key is left out;
+/// the fields cheapest to compare and likeliest to differ come first (a derived `==` stops at the first that
+/// differs).
 #[derive(Hash, PartialEq, Eq)]
 struct Identity<'a> {
-    pk: &'a [u8],
-    clustering: &'a [u8],
-    clustering_end: Option<&'a [u8]>,
-    start_incl: Option<bool>,
-    end_incl: Option<bool>,
-    is_static: bool,
-    kind: &'a [u8],
-    column: Option<&'a [u8]>,
-    path: Option<&'a [u8]>,
-    value: Option<&'a [u8]>,
     ts: i64,
     ttl: i32,
     ldt: i64,
+    is_static: bool,
+    start_incl: Option<bool>,
+    end_incl: Option<bool>,
+    column: Option<&'a [u8]>,
+    kind: &'a [u8],
+    value: Option<&'a [u8]>,
+    path: Option<&'a [u8]>,
+    clustering: &'a [u8],
+    clustering_end: Option<&'a [u8]>,
     mid: Option<&'a [u8]>,
 }
 
@@ -147,6 +150,32 @@ impl<'a> CellLog<'a> {
             c.intern(t);
         }
     }
+
+    /// Start loading a record's columns (the first of `LogChunk::prefetch`'s two steps).
+    fn prefetch(&self, r: Rid) {
+        let (c, i) = self.at(r);
+        for col in c.columns() {
+            col.prefetch(i);
+        }
+    }
+
+    /// Start loading a record's binary values (their offsets loaded by `prefetch` a while before).
+    fn prefetch_data(&self, r: Rid) {
+        let (c, i) = self.at(r);
+        for col in c.columns() {
+            col.prefetch_data(i);
+        }
+    }
+
+    fn prefetch_pk(&self, r: Rid) {
+        let (c, i) = self.at(r);
+        c.pk.prefetch(i);
+    }
+
+    fn prefetch_pk_data(&self, r: Rid) {
+        let (c, i) = self.at(r);
+        c.pk.prefetch_data(i);
+    }
 }
 
 /// One record batch of the cell log.
@@ -191,13 +220,21 @@ impl<'a> LogChunk<'a> {
         })
     }
 
+    /// The columns processing a record reads (what to prefetch): not the token (the partition's), nor the entry
+    /// index and seq, which only order replica copies.
+    fn columns(&self) -> [&'a Col; 17] {
+        [self.segment, self.segment_id, self.position, self.pk, self.clustering, self.clustering_end,
+         self.start_incl, self.end_incl, self.is_static, self.kind, self.column, self.path, self.value, self.ts,
+         self.ttl, self.ldt, self.mid]
+    }
+
     fn identity(&self, i: usize) -> Identity<'a> {
         Identity {
-            pk: self.pk.bytes(i), clustering: self.clustering.bytes(i), clustering_end: self.clustering_end.opt_bytes(i),
+            ts: self.ts.i64(i), ttl: self.ttl.i32(i), ldt: self.ldt.i64(i), is_static: self.is_static.bool(i),
             start_incl: self.start_incl.opt_bool(i), end_incl: self.end_incl.opt_bool(i),
-            is_static: self.is_static.bool(i), kind: self.kind.bytes(i), column: self.column.opt_bytes(i),
-            path: self.path.opt_bytes(i), value: self.value.opt_bytes(i), ts: self.ts.i64(i), ttl: self.ttl.i32(i),
-            ldt: self.ldt.i64(i), mid: self.mid.opt_bytes(i),
+            column: self.column.opt_bytes(i), kind: self.kind.bytes(i), value: self.value.opt_bytes(i),
+            path: self.path.opt_bytes(i), clustering: self.clustering.bytes(i),
+            clustering_end: self.clustering_end.opt_bytes(i), mid: self.mid.opt_bytes(i),
         }
     }
 
@@ -242,6 +279,64 @@ impl<'a> LogChunk<'a> {
     }
 }
 
+fn key_hash(pk: &[u8]) -> u64 {
+    use std::hash::Hasher;
+    let mut h = crate::fxhash::FxHasher::default();
+    h.write(pk);
+    h.finish()
+}
+
+const EMPTY: u32 = u32::MAX;
+
+#[derive(Clone, Copy)]
+struct Slot {
+    hash: u64,
+    /// the partition's first record (EMPTY: a free slot)
+    first: u32,
+}
+
+/// Partition key -> first stored record: an open-addressing table (linear probing, at most half full) rather
+/// than a HashMap, because the slot of a key can be asked for ahead of the lookup (`Stored::prefetch_slot`),
+/// and the record it names before the key is compared (`guess`). The keys are the stored records' own.
+struct ByKey {
+    slots: Vec<Slot>,
+    mask: usize,
+}
+
+impl ByKey {
+    fn with_capacity(n: usize) -> ByKey {
+        let size = (2 * n).next_power_of_two().max(16);
+        ByKey { slots: vec![Slot { hash: 0, first: EMPTY }; size], mask: size - 1 }
+    }
+
+    /// The slot holding `pk` (whose hash is `h`), or the free slot where it goes; `key_of` gives a record's key.
+    fn find<'k>(&self, h: u64, pk: &[u8], key_of: impl Fn(u32) -> &'k [u8]) -> usize {
+        let mut i = h as usize & self.mask;
+        loop {
+            let s = &self.slots[i];
+            if s.first == EMPTY || (s.hash == h && key::eq(key_of(s.first), pk)) {
+                return i;
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+
+    /// The first record of the first key with hash `h`, its key not compared: what to prefetch.
+    fn guess(&self, h: u64) -> Option<u32> {
+        let mut i = h as usize & self.mask;
+        loop {
+            let s = &self.slots[i];
+            if s.first == EMPTY {
+                return None;
+            }
+            if s.hash == h {
+                return Some(s.first);
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+}
+
 /// The stored records (`reconcile.STATE_SCHEMA`) of the batch's partitions, read one partition at a time
 /// (`partition_from_records`) so that only one partition's state is in memory at once.
 struct Stored<'a> {
@@ -258,13 +353,13 @@ struct Stored<'a> {
     cells: &'a Col,
     cdels: &'a Col,
     rts: &'a Col,
-    /// partition key -> its first and last record; `next` chains a partition's records (no list per partition)
-    by_key: FxMap<&'a [u8], (u32, u32)>,
+    /// partition key -> its first record; `next` chains a partition's records (no list per partition)
+    by_key: ByKey,
     next: Vec<u32>,
 }
 
 impl<'a> Stored<'a> {
-    /// Index the records by partition; every column name they hold becomes known to `t`.
+    /// The stored records, every column name they hold made known to `t` (not yet indexed: `index`).
     fn new(t: &mut Table, c: &'a Col) -> Result<Stored<'a>, String> {
         let f = |name: &str, format: &str| -> Result<&'a Col, String> {
             let col = c.child(name)?;
@@ -276,7 +371,7 @@ impl<'a> Stored<'a> {
             lts: f("liveness_ts", "l")?, lttl: f("liveness_ttl", "i")?, lldt: f("liveness_ldt", "l")?,
             dts: f("deletion_ts", "l")?, dldt: f("deletion_ldt", "l")?, sts: f("shadowable_ts", "l")?,
             sldt: f("shadowable_ldt", "l")?, cells: f("cells", "+l")?, cdels: f("complex_deletions", "+l")?,
-            rts: f("range_tombstones", "+l")?, by_key: FxMap::default(), next: Vec::new(),
+            rts: f("range_tombstones", "+l")?, by_key: ByKey::with_capacity(0), next: Vec::new(),
         };
         let names = [s.cells.children[0].child("column")?, s.cdels.children[0].child("column")?];
         for col in names {
@@ -285,22 +380,75 @@ impl<'a> Stored<'a> {
                 t.col(col.bytes(j));
             }
         }
-        let mut by_key: FxMap<&'a [u8], (u32, u32)> = FxMap::with_capacity_and_hasher(c.len, Default::default());
-        let mut next = vec![u32::MAX; c.len];
-        for i in 0..c.len as u32 {
-            by_key.entry(s.pk.bytes(i as usize))
-                .and_modify(|(_, last)| {
-                    next[*last as usize] = i;
-                    *last = i;
-                })
-                .or_insert((i, i));
+        Ok(s)
+    }
+
+    /// The records by partition (`by_key` and `next`).
+    fn index(&self) -> (ByKey, Vec<u32>) {
+        let n = self.pk.len;
+        let mut by_key = ByKey::with_capacity(n);
+        let mut last = vec![0u32; by_key.slots.len()];
+        let mut next = vec![u32::MAX; n];
+        for i in 0..n as u32 {
+            let pk = self.pk.bytes(i as usize);
+            let h = key_hash(pk);
+            let k = by_key.find(h, pk, |r| self.pk.bytes(r as usize));
+            let slot = &mut by_key.slots[k];
+            if slot.first == EMPTY {
+                *slot = Slot { hash: h, first: i };
+            } else {
+                next[last[k] as usize] = i;
+            }
+            last[k] = i;
         }
-        Ok(Stored { by_key, next, ..s })
+        (by_key, next)
+    }
+
+    fn columns(&self) -> [&'a Col; 13] {
+        [self.pk, self.kind, self.ck, self.lts, self.lttl, self.lldt, self.dts, self.dldt, self.sts, self.sldt,
+         self.cells, self.cdels, self.rts]
+    }
+
+    /// The first record of partition `pk`.
+    fn first(&self, pk: &[u8]) -> Option<u32> {
+        let slot = &self.by_key.slots[self.by_key.find(key_hash(pk), pk, |r| self.pk.bytes(r as usize))];
+        (slot.first != EMPTY).then_some(slot.first)
+    }
+
+    /// Start loading the slot of partition `pk` in `by_key` (its key's bytes loaded a while before).
+    fn prefetch_slot(&self, pk: &[u8]) {
+        let h = key_hash(pk);
+        prefetch_line(&self.by_key.slots[h as usize & self.by_key.mask] as *const Slot as *const u8);
+    }
+
+    /// Start loading the first stored record of partition `pk` (its slot loaded by `prefetch_slot`).
+    fn prefetch(&self, pk: &[u8]) {
+        if let Some(first) = self.by_key.guess(key_hash(pk)) {
+            for col in self.columns() {
+                col.prefetch(first as usize);
+            }
+        }
+    }
+
+    /// Start loading the bytes and cells of the first stored record of `pk` (its offsets loaded by `prefetch`).
+    fn prefetch_cells(&self, pk: &[u8]) {
+        if let Some(first) = self.by_key.guess(key_hash(pk)) {
+            let i = first as usize;
+            for col in self.columns() {
+                col.prefetch_data(i);
+            }
+            if self.cells.valid(i) {
+                let j = self.cells.list_range(i).start;
+                for col in &self.cells.children[0].children {
+                    col.prefetch(j);
+                }
+            }
+        }
     }
 
     /// The stored state of one partition (None: not stored).
     fn partition(&self, t: &Table, pk: &[u8]) -> Result<Option<PartitionState>, String> {
-        let Some(&(first, _)) = self.by_key.get(pk) else { return Ok(None) };
+        let Some(first) = self.first(pk) else { return Ok(None) };
         let rows = std::iter::successors(Some(first), |&i| Some(self.next[i as usize])
             .filter(|&j| j != u32::MAX)).map(|i| i as usize);
         let ce = &self.cells.children[0];
@@ -354,24 +502,12 @@ impl<'a> Stored<'a> {
             match k {
                 b"static" => part.static_row = row,
                 b"row" => {
-                    part.rows.insert(self.ck.bytes(i).to_vec(), row);
+                    part.rows.insert(Key::from(self.ck.bytes(i)), row);
                 }
                 other => return Err(format!("unknown state row_kind {:?}", String::from_utf8_lossy(other))),
             }
         }
         Ok(Some(part))
-    }
-}
-
-/// Every builder's length, to undo what a doubted partition appended.
-fn lengths(s: &mut StateRows) -> (usize, Vec<usize>) {
-    (s.n, s.columns_mut().iter().map(|o| o.len()).collect())
-}
-
-fn truncate(s: &mut StateRows, to: &(usize, Vec<usize>)) {
-    s.n = to.0;
-    for (o, n) in s.columns_mut().into_iter().zip(&to.1) {
-        o.truncate(*n);
     }
 }
 
@@ -396,36 +532,55 @@ fn process_partition(em: &Emitter, pk: &[u8], recs: &[Rec], prior: Option<&Parti
     Ok((state, changed))
 }
 
+/// The partitions of the cell log's records in publish order (token, then key), and every record's place
+/// sorted so that a partition's records are one run of it, in cell-log order (replica copies are dropped per
+/// partition, by the thread that runs it: `partition_records`).
+fn partitions<'a>(log: &CellLog<'a>) -> (Vec<Part<'a>>, Vec<Rid>) {
+    let mut sorted: Vec<(i64, u64)> = log.rids().map(|r| (log.token(r), r.packed())).collect();
+    sorted.sort_unstable();
+    let pk = |x: &(i64, u64)| log.pk(Rid::unpack(x.1));
+    let mut order: Vec<Part> = Vec::with_capacity(sorted.len());
+    let mut i = 0;
+    while i < sorted.len() {
+        // the keys' bytes are read in token order, scattered over the cell log: asked for ahead
+        if let Some(x) = sorted.get(i + 16) {
+            log.prefetch_pk(Rid::unpack(x.1));
+        }
+        if let Some(x) = sorted.get(i + 8) {
+            log.prefetch_pk_data(Rid::unpack(x.1));
+        }
+        let token = sorted[i].0;
+        let end = i + sorted[i..].iter().take_while(|x| x.0 == token).count();
+        let first = pk(&sorted[i]);
+        if sorted[i + 1..end].iter().any(|x| pk(x) != first) {
+            // keys sharing a token: by key, each in cell-log order (a stable sort)
+            sorted[i..end].sort_by(|a, b| pk(a).cmp(pk(b)));
+        }
+        let mut j = i;
+        while j < end {
+            let key = pk(&sorted[j]);
+            let k = j + 1 + sorted[j + 1..end].iter().take_while(|x| pk(x) == key).count();
+            order.push(Part { pk: key, token, recs: j..k });
+            j = k;
+        }
+        i = end;
+    }
+    (order, sorted.into_iter().map(|x| Rid::unpack(x.1)).collect())
+}
+
 /// One table's batch. `cell_log`: the table's records (record batches of `CELL_LOG_SCHEMA`); `stored`: the stored records of every
 /// partition the batch touches (`STATE_SCHEMA`); `expiring`: partitions to sweep that have no records.
 pub fn process_table(t: &mut Table, cell_log: &[Col], stored: &Col, expiring: &[Vec<u8>], s: &Settings)
                      -> Result<Output, String> {
     let log = CellLog::new(cell_log)?;
-    // partitions: every record's (token, place) sorted, so that a partition's records are one run, in cell-log
-    // order (replica copies are dropped per partition, by the thread that runs it: `partition_records`)
     log.intern(t);
-    let mut sorted: Vec<(i64, u64)> = log.rids().map(|r| (log.token(r), r.packed())).collect();
-    sorted.sort_unstable();
-    let mut order: Vec<Part> = Vec::new();
-    let mut i = 0;
-    while i < sorted.len() {
-        let token = sorted[i].0;
-        let end = i + sorted[i..].iter().take_while(|x| x.0 == token).count();
-        let pk = log.pk(Rid::unpack(sorted[i].1));
-        if sorted[i..end].iter().any(|x| log.pk(Rid::unpack(x.1)) != pk) {
-            // keys sharing a token: by key, each in cell-log order (a stable sort)
-            sorted[i..end].sort_by(|a, b| log.pk(Rid::unpack(a.1)).cmp(log.pk(Rid::unpack(b.1))));
-        }
-        let mut j = i;
-        while j < end {
-            let pk = log.pk(Rid::unpack(sorted[j].1));
-            let k = j + sorted[j..end].iter().take_while(|x| log.pk(Rid::unpack(x.1)) == pk).count();
-            order.push(Part { pk, token, recs: j..k });
-            j = k;
-        }
-        i = end;
-    }
-    let sorted: Vec<Rid> = sorted.into_iter().map(|x| Rid::unpack(x.1)).collect();
+    let mut stored = Stored::new(t, stored)?;
+    // the stored records are indexed by partition while the cell log's are sorted into partitions
+    let ((mut order, sorted), (by_key, next)) = std::thread::scope(|scope| {
+        let index = scope.spawn(|| stored.index());
+        (partitions(&log), index.join().expect("the stored records' index panicked"))
+    });
+    (stored.by_key, stored.next) = (by_key, next);
     let by_order = |a: &Part, b: &Part| (a.token, a.pk).cmp(&(b.token, b.pk));
     let mut swept = false;
     for pk in expiring {
@@ -439,14 +594,22 @@ pub fn process_table(t: &mut Table, cell_log: &[Col], stored: &Col, expiring: &[
         order.sort_by(by_order);
         order.dedup_by(|a, b| a.pk == b.pk && a.token == b.token);
     }
-    let stored = Stored::new(t, stored)?;
+    // the partitions in publish order, as Arrow buffers (their keys' bytes are scattered over the cell log)
+    let mut keys = Out::var_with_capacity(order.len(), order.iter().map(|p| p.pk.len()).sum());
+    for (i, p) in order.iter().enumerate() {
+        if let Some(ahead) = order.get(i + 8) {
+            prefetch_line(ahead.pk.as_ptr());
+        }
+        keys.bytes(p.pk);
+    }
+    let tokens = order.iter().map(|p| p.token).collect();
     let t: &Table = t;
     let ctx = EventCtx { cluster: s.cluster, node: "", ts_ms: s.now * 1000 };
     let em = Emitter { t, ctx: &ctx };
     // partitions are independent: contiguous runs of them, which `threads` threads take in turn (a thread the
     // machine slows down takes fewer), outputs joined in order
     let threads = s.threads.clamp(1, order.len().max(1));
-    let per = if threads == 1 { order.len().max(1) } else { order.len().div_ceil(threads * 8).max(4096) };
+    let per = if threads == 1 { order.len().max(1) } else { order.len().div_ceil(threads * 2).max(4096) };
     let chunks: Vec<&[Part]> = order.chunks(per).collect();
     let next = std::sync::atomic::AtomicUsize::new(0);
     let mut runs: Vec<(usize, Result<Run, String>)> = std::thread::scope(|scope| {
@@ -473,7 +636,7 @@ pub fn process_table(t: &mut Table, cell_log: &[Col], stored: &Col, expiring: &[
     if runs.iter_mut().any(|r| r.overflowed()) {
         return Err("a batch too large for 32-bit Arrow offsets".into());
     }
-    Ok(Output { keys: order.iter().map(|p| (p.pk.to_vec(), p.token)).collect(), runs })
+    Ok(Output { keys, tokens, runs })
 }
 
 /// What a thread made of a contiguous run of partitions: its outputs are one chunk of the batch's (Python
@@ -537,7 +700,20 @@ fn process_run(em: &Emitter, stored: &Stored, log: &CellLog, sorted: &[Rid], ord
     let mut kept: Vec<Rid> = Vec::new();
     // the state columns are sized once from what the first partitions wrote (a sample large enough to be typical)
     let sample = (order.len() / 32).max(1024);
+    // what partition i reads is asked for ahead, in steps that each need the one before done: the records'
+    // offsets, then the bytes they point to (the key's among them), then the key's slot among the stored
+    // partitions, then the stored record it names, then that record's bytes and cells
+    let ahead = |i: usize, step: fn(&CellLog, &Stored, &Part, &[Rid])| {
+        if let Some(p) = order.get(i) {
+            step(log, stored, p, &sorted[p.recs.clone()]);
+        }
+    };
     for (i, part) in order.iter().enumerate() {
+        ahead(i + 5, |log, _, _, recs| recs.iter().for_each(|&r| log.prefetch(r)));
+        ahead(i + 4, |log, _, _, recs| recs.iter().for_each(|&r| log.prefetch_data(r)));
+        ahead(i + 3, |_, stored, p, _| stored.prefetch_slot(p.pk));
+        ahead(i + 2, |_, stored, p, _| stored.prefetch(p.pk));
+        ahead(i + 1, |_, stored, p, _| stored.prefetch_cells(p.pk));
         if i == sample {
             let factor = (order.len() - i) as f64 / i as f64 * 1.1;
             for o in out.state.columns_mut() {
@@ -561,7 +737,7 @@ fn process_run(em: &Emitter, stored: &Stored, log: &CellLog, sorted: &[Rid], ord
         }
         let prior_state = stored.partition(t, pk)?;
         let prior = prior_state.as_ref();
-        let mark = lengths(&mut out.state);
+        let mark = out.state.n;
         let events_mark = out.events.len();
         out.events.current = idx as i32;
         let done = process_partition(em, pk, &recs, prior, s, &mut out.events).and_then(|(state, changed)| {
@@ -573,7 +749,7 @@ fn process_run(em: &Emitter, stored: &Stored, log: &CellLog, sorted: &[Rid], ord
         match done {
             Ok(changed) => out.changed += changed as usize,
             Err(_) => {
-                truncate(&mut out.state, &mark);
+                out.state.truncate(mark);
                 out.events.truncate(events_mark);
                 out.doubted.push(idx);
             }

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 use sha2::{Digest, Sha256};
 
+use super::key::{self, Key, KeyRef};
 use super::table::{ColId, Role, Table};
 use super::text::{json_str, push_hex, push_i128, push_i64, repr_ascii_str, repr_bytes};
 use super::out::Events;
@@ -52,7 +53,7 @@ pub struct PartitionState {
     pub deletion: Option<Del>,
     pub rts: BTreeMap<RtKey, Del>,
     pub static_row: RowState,
-    pub rows: BTreeMap<Vec<u8>, RowState>,
+    pub rows: BTreeMap<Key, RowState>,
 }
 
 impl RowState {
@@ -448,10 +449,14 @@ pub fn apply_record(t: &Table, part: &mut PartitionState, rec: &Rec) -> D<Change
     if !part.rts.is_empty() && ts <= row_shadow_ts(t, part, ck)? {
         return Ok(Changed::Nothing);
     }
-    let row = part.rows.entry(ck.to_vec()).or_default();
+    let k = KeyRef::new(ck);
+    if !part.rows.contains_key(k) {
+        part.rows.insert(Key::from(ck), RowState::default());
+    }
+    let row = part.rows.get_mut(k).expect("inserted above");
     let res = apply_to_row(t, row, rec);
     if row.is_empty() {
-        part.rows.remove(ck);
+        part.rows.remove(k);
     }
     Ok(if res? { Changed::Row(ck.to_vec()) } else { Changed::Nothing })
 }
@@ -583,7 +588,7 @@ pub type Image = Vec<(ColId, IVal)>;
 pub type Images = (Image, Option<Image>);
 
 /// Row keys: Some(clustering bytes), or None for the static-only row.
-pub type RowKey = Option<Vec<u8>>;
+pub type RowKey = Option<Key>;
 
 fn liveness_live(lv: &Option<Lv>, now: i64) -> bool {
     match lv {
@@ -701,9 +706,9 @@ pub fn partition_images(t: &Table, part: &PartitionState, now: i64, only: Option
         }
         Some(keys) => {
             for ck in keys {
-                if let Some(row) = part.rows.get(ck) {
+                if let Some(row) = part.rows.get(KeyRef::new(ck)) {
                     if let Some(img) = row_image(t, row, now)? {
-                        out.insert(Some(ck.clone()), (static_vals.clone(), Some(img)));
+                        out.insert(Some(Key(ck.clone())), (static_vals.clone(), Some(img)));
                     }
                 }
             }
@@ -1297,7 +1302,7 @@ pub fn apply_partition(em: &Emitter, pk: &[u8], part: &mut PartitionState, recs:
         let mut scope: Vec<Vec<u8>> = Vec::new();
         if !whole {
             for r in &group {
-                if !scope.iter().any(|s| s.as_slice() == r.clustering) {
+                if !scope.iter().any(|s| key::eq(s, r.clustering)) {
                     scope.push(r.clustering.to_vec());
                 }
             }
@@ -1306,7 +1311,7 @@ pub fn apply_partition(em: &Emitter, pk: &[u8], part: &mut PartitionState, recs:
         let saved: Vec<(Vec<u8>, Option<RowState>)> = if whole {
             Vec::new()
         } else {
-            scope.iter().map(|ck| (ck.clone(), part.rows.get(ck).cloned())).collect()
+            scope.iter().map(|ck| (ck.clone(), part.rows.get(KeyRef::new(ck)).cloned())).collect()
         };
         let mut changed = false;
         for r in &group {
@@ -1324,8 +1329,8 @@ pub fn apply_partition(em: &Emitter, pk: &[u8], part: &mut PartitionState, recs:
                 let mut current = Vec::with_capacity(saved.len());
                 for (ck, old) in saved {
                     let now_row = match old {
-                        Some(row) => part.rows.insert(ck.clone(), row),
-                        None => part.rows.remove(&ck),
+                        Some(row) => part.rows.insert(Key(ck.clone()), row),
+                        None => part.rows.remove(KeyRef::new(&ck)),
                     };
                     current.push((ck, now_row));
                 }
@@ -1333,10 +1338,10 @@ pub fn apply_partition(em: &Emitter, pk: &[u8], part: &mut PartitionState, recs:
                 for (ck, row) in current {
                     match row {
                         Some(row) => {
-                            part.rows.insert(ck, row);
+                            part.rows.insert(Key(ck), row);
                         }
                         None => {
-                            part.rows.remove(&ck);
+                            part.rows.remove(KeyRef::new(&ck));
                         }
                     }
                 }
@@ -1396,7 +1401,7 @@ pub fn sweep_partition(em: &Emitter, pk: &[u8], part: &PartitionState, now_befor
     let mut static_times = Vec::new();
     expiries(&part.static_row, now_before, now, &mut static_times);
     let mut times = static_times.clone();
-    let mut row_times: Vec<(&Vec<u8>, Vec<i64>)> = Vec::new();
+    let mut row_times: Vec<(&Key, Vec<i64>)> = Vec::new();
     for (ck, row) in &part.rows {
         let mut acc = Vec::new();
         expiries(row, now_before, now, &mut acc);
@@ -1415,7 +1420,7 @@ pub fn sweep_partition(em: &Emitter, pk: &[u8], part: &PartitionState, now_befor
         let only: Option<Vec<Vec<u8>>> = if static_times.contains(&tm) {
             None
         } else {
-            Some(row_times.iter().filter(|(_, acc)| acc.contains(&tm)).map(|(ck, _)| (*ck).clone()).collect())
+            Some(row_times.iter().filter(|(_, acc)| acc.contains(&tm)).map(|(ck, _)| ck.0.clone()).collect())
         };
         let before = partition_images(em.t, part, t_prev, only.as_deref())?;
         let after = partition_images(em.t, part, tm, only.as_deref())?;

@@ -5,6 +5,7 @@
 use crate::columns::Bits;
 
 use super::engine::{self, Cell, IVal, Image, Images, PartitionState, RowKey, RowState};
+use super::key;
 use super::table::{ColId, Role, Table};
 use super::text;
 use super::types::{self, Doubt, Ty, D};
@@ -695,6 +696,15 @@ impl StateRows {
         v
     }
 
+    /// Drop the rows after the first `n` (what a doubted partition appended, rows it completed or not): every
+    /// complete row has an entry in every column.
+    pub fn truncate(&mut self, n: usize) {
+        self.n = n;
+        for o in self.columns_mut() {
+            o.truncate(n);
+        }
+    }
+
     /// Every builder, in `merge_source_schema` order.
     pub fn columns(self) -> Vec<Out> {
         let mut v = self.typed;
@@ -874,7 +884,7 @@ impl StateRows {
                 gone.push(("row", ck));
             }
             for (kind, ck) in gone {
-                if present.contains(&(kind, ck)) {
+                if present.iter().any(|&(k, c)| k == kind && key::eq(c, ck)) {
                     continue;
                 }
                 for o in self.typed.iter_mut() {

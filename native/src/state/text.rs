@@ -6,6 +6,12 @@ use std::fmt::Write;
 /// A JSON string as `json.dumps(s, ensure_ascii=False)` writes it.
 pub fn json_str(out: &mut String, s: &str) {
     out.push('"');
+    if !s.bytes().any(|c| c < 0x20 || c == b'"' || c == b'\\') {
+        // nothing to escape (the common case): the string at once
+        out.push_str(s);
+        out.push('"');
+        return;
+    }
     for c in s.chars() {
         match c {
             '"' => out.push_str("\\\""),
@@ -237,15 +243,23 @@ fn push_u128(out: &mut String, n: u128) {
 
 /// `n` in decimal, zero-padded to at least `width` digits.
 fn push_u64(out: &mut String, mut n: u64, width: usize) {
+    // two digits per division: an event writes a dozen integers of 10 to 16 digits
+    const PAIRS: &[u8; 200] = b"00010203040506070809101112131415161718192021222324252627282930313233343536373839404142434445464748495051525354555657585960616263646566676869707172737475767778798081828384858687888990919293949596979899";
     let mut buf = [b'0'; 20];
     let mut i = buf.len();
-    loop {
+    while n >= 100 {
+        let d = (n % 100) as usize * 2;
+        n /= 100;
+        i -= 2;
+        buf[i..i + 2].copy_from_slice(&PAIRS[d..d + 2]);
+    }
+    if n >= 10 {
+        let d = n as usize * 2;
+        i -= 2;
+        buf[i..i + 2].copy_from_slice(&PAIRS[d..d + 2]);
+    } else {
         i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
+        buf[i] = b'0' + n as u8;
     }
     i = i.min(buf.len() - width);
     // SAFETY: ASCII digits
@@ -256,9 +270,14 @@ const HEX: &[u8; 16] = b"0123456789abcdef";
 
 /// Two lowercase hex digits per byte.
 pub fn push_hex(out: &mut String, b: &[u8]) {
-    for &x in b {
-        out.push(HEX[(x >> 4) as usize] as char);
-        out.push(HEX[(x & 15) as usize] as char);
+    let mut buf = [0u8; 64];
+    for chunk in b.chunks(32) {
+        for (i, &x) in chunk.iter().enumerate() {
+            buf[2 * i] = HEX[(x >> 4) as usize];
+            buf[2 * i + 1] = HEX[(x & 15) as usize];
+        }
+        // SAFETY: hex digits are ASCII
+        out.push_str(unsafe { std::str::from_utf8_unchecked(&buf[..2 * chunk.len()]) });
     }
 }
 
@@ -269,6 +288,13 @@ pub fn repr_bytes(out: &mut String, b: &[u8]) {
     let quote = if b.contains(&b'\'') && !b.contains(&b'"') { '"' } else { '\'' };
     out.push('b');
     out.push(quote);
+    if b.iter().all(|&c| (0x20..=0x7e).contains(&c) && c != b'\\' && c != quote as u8) {
+        // printable, nothing to escape: the bytes as they are
+        // SAFETY: printable ASCII
+        out.push_str(unsafe { std::str::from_utf8_unchecked(b) });
+        out.push(quote);
+        return;
+    }
     for &c in b {
         match c {
             b'\\' => out.push_str("\\\\"),
