@@ -116,12 +116,11 @@ OUT_SCHEMA = pa.schema([
     pa.field("ts_ms", pa.int64()),
     pa.field("payload", pa.binary()),           # state: Arrow IPC stream of change rows
     pa.field("n_rows", pa.int64()),
-    pa.field("engine", pa.string()),            # event: the state engine that made it (ENGINES)
+    # event: the state engine that made it, as ``BatchResult.events_by_engine`` names them: ``compiled``, the
+    # compiled engine's path (``sinks.delta.table_outputs``: the partitions it doubts run in Python inside it), or
+    # ``python`` (``state.batch.process_partition``: the compiled engine is off or missing, or a backfill table)
+    pa.field("engine", pa.string()),
 ])
-# The state engines, as an event's ``engine`` and ``BatchResult.events_by_engine`` name them: ``compiled``, the
-# compiled engine's path (``sinks.delta.table_outputs``: the partitions it doubts run in Python inside it), or
-# ``python`` (``state.batch.process_partition``: the compiled engine is off or missing, or a backfill table).
-ENGINES = ("compiled", "python")
 GROUP_ORDER = ("keyspace", "table", "table_id", "token", "partition_key")      # cell log columns
 EVENT_ORDER = ("t_keyspace", "t_name", "table_id", "token", "partition_key", "idx")     # publish order
 EVENT_COLUMNS = ("event_id", "t_keyspace", "t_name", "op", "key_json", "event_json", "ts_us", "ts_ms")
@@ -141,7 +140,7 @@ class BatchResult:
     skipped_tables: list = field(default_factory=list)
     damaged: list = field(default_factory=list)     # quarantine keys
     loaded: list = field(default_factory=list)      # token ranges scanned, SSTables read (``_load_summary``)
-    # events per state engine (``ENGINES``), counted where they were made (the driver or the Spark tasks): how an
+    # events per state engine (``OUT_SCHEMA``'s ``engine``), counted where they were made (the driver or the Spark tasks): how an
     # operator sees that the compiled engine really ran, on every executor. A retried Spark task's events are
     # counted once (Spark keeps one attempt's output).
     events_by_engine: dict = field(default_factory=dict)
@@ -793,11 +792,11 @@ def _partition_order(table: pa.Table, order=GROUP_ORDER):
 
 def _run_in_driver(paths: list, marks: list, *, parse, reconcile, timings: dict, parallelism: int = 1):
     """Steps 1-3 in this process with the same executor functions, for a small batch; ``parallelism`` sources
-    are read at once (threads: for token ranges, which wait on Cassandra).
+    are read at once (threads: token ranges wait on Cassandra, segment downloads on the store).
 
     Returns (damage quarantine keys, loaded ranges and SSTables, events table sorted in publish order, state rows of
-    ``OUT_SCHEMA``, events per state engine). Memory: the batch's cell log (bounded by ``driver_batch_max_bytes`` of segments, or the
-    rows of the token ranges of a backfill batch) and its output.
+    ``OUT_SCHEMA``, events per state engine). Memory: the batch's cell log (bounded by ``driver_batch_max_bytes`` of
+    segments, or the rows of the token ranges of a backfill batch) and its output.
     """
     import pyarrow.compute as pc
     cell_names = [f.name for f in CELL_LOG_SCHEMA]
@@ -848,5 +847,6 @@ def _run_in_driver(paths: list, marks: list, *, parse, reconcile, timings: dict,
         else:
             events = events.take(order)
         states = out.filter(pc.equal(kind, "state"))
-        by_engine = {c["values"]: c["counts"] for c in pc.value_counts(out.column("engine").filter(is_event)).to_pylist()}
+        engines = pc.value_counts(out.column("engine").filter(is_event)).to_pylist()
+        by_engine = {c["values"]: c["counts"] for c in engines}
     return damaged, loaded, events, states, by_engine
