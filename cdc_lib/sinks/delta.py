@@ -496,7 +496,7 @@ class DeltaRsStateStore:
         t = ds.to_table(columns=cols, filter=f)
         wanted = pc.is_in(t["_cdc_partition_key"], value_set=keys)
         # another key with one of the tokens is rare: without one, no copy of the rows (their cells are lists)
-        return t if pc.all(wanted).as_py() is not False else t.filter(wanted)
+        return t if pc.all(wanted).as_py() else t.filter(wanted)
 
     def read_partitions(self, table, keys: Iterable[bytes]) -> dict:
         t = self.read_state_rows(table, keys)
