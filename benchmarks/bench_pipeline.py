@@ -1,7 +1,8 @@
 """End-to-end benchmark of the pipeline (not a test): N generated writes on 3 nodes (RF 3) -> agents -> S3 ->
 claim -> Spark job -> Kafka -> archive, on the embedded servers (SeaweedFS, Apache Kafka) and local Spark.
 
-    .venv/bin/python benchmarks/bench_pipeline.py [--mutations 5000] [--max-segments 64] [--airflow] [--cluster]
+    .venv/bin/python benchmarks/bench_pipeline.py [--mutations 5000] [--max-segments 64] [--no-overlap]
+        [--airflow] [--cluster]
     .venv/bin/python benchmarks/bench_pipeline.py --driver-memory 2000,8000
 
 Prints events/s end to end, the share of each step (Spark start-up, the Spark job, publish, archive), the
@@ -10,6 +11,11 @@ tasks, and parse / group / reconcile / outbox / state MERGE seconds; in-process 
 profile of the Spark job's three phases (decode, reconcile, Delta write: the same functions the executors
 run, timed without Spark), and the latency from "segment uploaded" to "event in Kafka" (Kafka's
 record timestamp minus the time the agent finished uploading the segment the event came from).
+
+The steps run as a scheduled run's ``follow`` task runs them (``pipeline.run_until_idle``): with
+``overlap_batches``, a batch is published and archived while the next one is claimed and transformed;
+``--no-overlap`` turns that off, one batch after the other (the baseline to compare with). The step shares are
+each step's own seconds from the batch manifests.
 
 ``--airflow`` runs the pipeline through ``airflow dags test cassandra_cdc`` instead of calling the steps in
 process (the task boundaries and Spark start-up in the DAG process are then part of the time; the step shares
@@ -30,6 +36,7 @@ kernel's high-water marks (``VmHWM`` in ``/proc/<pid>/status``: Linux), read eve
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -292,6 +299,8 @@ def main(argv=None) -> int:
     p.add_argument("--driver-batch-max-mib", type=int, default=None,
                    help="driver_batch_max_bytes in MiB: batches up to this size run in the process, without Spark "
                         "(default: the setting's default)")
+    p.add_argument("--no-overlap", dest="overlap", action="store_false",
+                   help="overlap_batches off: each batch published and archived before the next is claimed")
     p.add_argument("--cluster", action="store_true",
                    help="also run with spark-submit on a standalone cluster of 1, then 2 workers")
     p.add_argument("--driver-memory", metavar="N1,N2", default=None,
@@ -353,38 +362,29 @@ def main(argv=None) -> int:
                 dags_test("cassandra_cdc", env, conf, work / "dags-test.log")
             batches = [P.Batch.from_dict(store.get_json(k)) for k in store.list("ledger/batches/")]
         else:
-            batches = []
-            while True:
-                t0 = time.perf_counter()
-                b = P.claim(cfg)
-                steps["claim"] += time.perf_counter() - t0
-                if b.empty:
-                    break
-                t0 = time.perf_counter()
-                merge_job.LAST_TIMINGS.clear()
-                b = P.transform(cfg, b)
-                steps["spark_job"] += time.perf_counter() - t0
+            run_batch = merge_job.run_batch
+
+            def summed_run_batch(*args, **kwargs):     # each batch's job stages, summed
+                res = run_batch(*args, **kwargs)
                 for k, v in merge_job.LAST_TIMINGS.items():
                     if k == "mode":
                         modes.append(v)
                     else:
                         job_stages[k] = job_stages.get(k, 0.0) + v
-                t0 = time.perf_counter()
-                b = P.publish(cfg, b)
-                steps["publish"] += time.perf_counter() - t0
-                t0 = time.perf_counter()
-                b = P.archive(cfg, b)
-                steps["archive"] += time.perf_counter() - t0
-                batches.append(b)
+                return res
+            merge_job.run_batch = summed_run_batch
+            try:            # the product's own loop: what a scheduled run's follow task does
+                batches = P.run_until_idle(dataclasses.replace(cfg, overlap_batches=a.overlap))
+            finally:
+                merge_job.run_batch = run_batch
         run_s = time.perf_counter() - t_run
-        for b in batches:
+        for b in batches:       # each step's own duration, from the batch manifests
             s = b.steps
             steps["spark_start"] += s.get("transform", {}).get("spark_start_s", 0.0)
-            if a.airflow:
-                steps["claim"] += s.get("claim", {}).get("duration_s", 0.0)
-                steps["spark_job"] += s.get("transform", {}).get("duration_s", 0.0)
-                steps["publish"] += s.get("publish", {}).get("duration_s", 0.0)
-                steps["archive"] += s.get("archive", {}).get("duration_s", 0.0)
+            steps["claim"] += s.get("claim", {}).get("duration_s", 0.0)
+            steps["spark_job"] += s.get("transform", {}).get("duration_s", 0.0)
+            steps["publish"] += s.get("publish", {}).get("duration_s", 0.0)
+            steps["archive"] += s.get("archive", {}).get("duration_s", 0.0)
         steps["spark_job"] -= steps["spark_start"]
         events = sum(b.steps.get("publish", {}).get("events", 0) for b in batches)
         lat = upload_to_kafka_seconds(_kafka_timestamps(broker.bootstrap, "bench"), uploaded)
@@ -398,8 +398,11 @@ def main(argv=None) -> int:
     total = sum(steps.values())
     print(f"pipeline: {len(batches)} batches, {events} events in {run_s:.1f} s -> {events / run_s:.0f} events/s "
           f"end to end ({cw.replica_copies / run_s:.0f} commit-log entries/s); agents shipped in {ship_s:.1f} s"
-          + (" [airflow dags test]" if a.airflow else " [steps in process]"))
-    print("step shares:")
+          + (" [airflow dags test]" if a.airflow else
+             " [steps in process, run_until_idle, overlap_batches %s]" % ("on" if a.overlap else "off")))
+    overlapped = not a.airflow and a.overlap
+    print("step shares" + (" (steps' own seconds: a batch's publish and archive overlap the next one's claim and "
+                           "transform, so they add up to more than the run)" if overlapped else "") + ":")
     for k, v in steps.items():
         print(f"  {k:12s} {v:8.2f} s  {100 * v / total:5.1f} %")
     if job_stages:

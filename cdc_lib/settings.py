@@ -422,6 +422,9 @@ class PipelineConfig:
     follow_schedule: bool = True
     follow_poll_s: float = 2.0
     follow_margin_s: float = 5.0
+    # When a process takes several batches (follow, run_until_idle), each is published and archived on a second
+    # thread while the next one is claimed and transformed (publishes stay in batch order); false: one at a time
+    overlap_batches: bool = True
     warn_no_segments_s: int = 3600             # claim warns when no segment arrived for this long (0: never)
     vacuum_retention_hours: int = 168          # Delta history the maintenance DAG keeps
     # The maintenance DAG deletes the outbox rows of batches published and archived longer ago than this (their

@@ -27,7 +27,7 @@ from cdc_lib import pipeline as P
 import cdc_lib.sinks.delta, cdc_lib.sinks.kafka, cdc_lib.spark.merge_job    # what run_once imports when it runs
 print("ready", flush=True)
 for line in sys.stdin:
-    config, point, nth = json.loads(line)
+    config, point, nth, loop = json.loads(line)
     pid = os.fork()
     if pid == 0:
         os.dup2(2, 1)                # the child's prints go to the log, never into the parent's answers
@@ -37,8 +37,11 @@ for line in sys.stdin:
             if p == point and seen[p] == nth:
                 os._exit(9)          # the process dies here: no flush, no cleanup, no exception handler
         try:
-            while not P.run_once(P.PipelineConfig(**config), fault=fault).empty:
-                pass
+            if loop == "run_until_idle":        # batches overlapping (overlap_batches): two threads
+                P.run_until_idle(P.PipelineConfig(**config), fault=fault)
+            else:
+                while not P.run_once(P.PipelineConfig(**config), fault=fault).empty:
+                    pass
         except BaseException:
             import traceback
             traceback.print_exc()
@@ -51,14 +54,16 @@ for line in sys.stdin:
 
 class KilledRuns:
     """``run(config, point, nth)``: a pipeline run until idle in a forked child that ``os._exit(9)``s the
-    ``nth`` time it reaches fault point ``point``; returns the child's exit status and the log tail."""
+    ``nth`` time it reaches fault point ``point`` (in any thread); returns the child's exit status and the log
+    tail. ``loop``: ``run_once`` (one batch after the other, as the DAG's tasks) or ``run_until_idle`` (batches
+    overlapping, as the follow task)."""
 
     def __init__(self, proc: subprocess.Popen, log: Path):
         self.proc, self.log = proc, log
 
-    def run(self, config: dict, point: str, nth: int, timeout: float = 300.0) -> tuple:
+    def run(self, config: dict, point: str, nth: int, timeout: float = 300.0, loop: str = "run_once") -> tuple:
         start = self.log.stat().st_size
-        self.proc.stdin.write(json.dumps([config, point, nth]) + "\n")
+        self.proc.stdin.write(json.dumps([config, point, nth, loop]) + "\n")
         self.proc.stdin.flush()
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
         line = self.proc.stdout.readline() if ready else ""

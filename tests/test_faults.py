@@ -210,6 +210,34 @@ def test_pipeline_killed_at_every_fault_point_then_rerun_publishes_each_event_on
     assert metrics["totals"]["claim.resumed"] >= 5          # the crashed batches were resumed, not re-claimed
 
 
+# Kills while batches overlap (run_until_idle: a batch published and archived on the second thread while the next
+# is claimed and transformed); the nth time either thread reaches the point. Which step the other thread is in
+# then varies from run to run: each kill must leave what the rerun finishes exactly once.
+OVERLAP_KILL_PLAN = [("transform:done", 2), ("publish:produced", 30), ("claim:pointer_written", 1),
+                     ("archive:segment", 2)]
+
+
+def test_overlapping_batches_killed_then_rerun_publishes_each_event_once_from_segments_of_one_batch_each(
+        segments, tmp_path, s3_server, s3_bucket, kafka_broker):
+    cfg = _config(tmp_path, s3_server, kafka_broker, s3_bucket, max_segments=3, delta_lock_ttl_s=5)
+    assert cfg.overlap_batches
+    assert _ship(_fresh_raw(segments, tmp_path), cfg, tmp_path / "agent") >= 12
+    with killed_runs(tmp_path) as runs:
+        for point, nth in OVERLAP_KILL_PLAN:
+            status, log = runs.run(dataclasses.asdict(cfg), point, nth, loop="run_until_idle")
+            assert status == 9, f"{point} #{nth} never reached (exit {status}):\n{log}"
+            _assert_nothing_archived_unpublished(cfg)
+    assert P.run_until_idle(cfg)                       # the rerun: resumes what the kills left, then the rest
+    store = P.open_store(cfg)
+    assert store.list(Layout.area_prefix(Layout.INCOMING, cfg.cluster)) == []
+    batches = [P.Batch.from_dict(store.get_json(k)) for k in store.list("ledger/batches/")]
+    assert {b.state for b in batches} == {"archived"}
+    taken = [s["key"] for b in batches for s in b.segments]
+    assert len(taken) == len(set(taken)) == len(store.list(Layout.area_prefix(Layout.ARCHIVED, cfg.cluster)))
+    assert _assert_exactly_once_in_order(cfg) > 100
+    _assert_topics_replay_to_the_model(cfg, segments[1].mutations)
+
+
 class FakeTime:
     """A monotonic clock that only ``sleep`` (and the test) moves; ``on_sleep`` runs at the first sleep."""
 
@@ -226,16 +254,25 @@ class FakeTime:
         self.now += seconds
 
 
-def test_run_for_takes_what_arrives_in_its_window_stops_at_its_end_and_a_crash_inside_resumes_once(
+def test_run_for_takes_what_arrives_overlaps_batches_stops_at_its_end_and_a_crash_resumes_the_older_batch_first(
         segments, tmp_path, s3_server, s3_bucket, kafka_broker, monkeypatch):
-    """The follow task's loop (steps.run_for): segments shipped while it waits are taken at the next poll; a batch
-    that dies inside the window is the batch the next window's claim resumes, published once; no batch starts
-    after the window, the one in flight finishes; an idle window claims once, then only lists incoming/."""
+    """The follow task's loop (steps.run_for): segments shipped while it waits are taken at the next poll; a batch is
+    published while the next one is claimed and transformed (overlap_batches), each on segments of its own; a crash
+    then leaves two unfinished batches, and the next window resumes the older one first, then the newer, each
+    published once and in order; no batch starts after the window, those in flight finish; an idle window claims
+    once, then only lists incoming/."""
     from cdc_lib.pipeline import steps
     claims = []
     real_claim = steps.claim
-    monkeypatch.setattr(steps, "claim", lambda *a, **kw: claims.append(real_claim(*a, **kw)) or claims[-1])
+    on_claim = [lambda batch: None]
+
+    def claim(*a, **kw):
+        claims.append(real_claim(*a, **kw))
+        on_claim[0](claims[-1])
+        return claims[-1]
+    monkeypatch.setattr(steps, "claim", claim)
     cfg = _config(tmp_path, s3_server, kafka_broker, s3_bucket, max_segments=3, follow_poll_s=2)
+    assert cfg.overlap_batches                                  # the default
     raw = _fresh_raw(segments, tmp_path)
     store = P.open_store(cfg)
     incoming = Layout.area_prefix(Layout.INCOMING, cfg.cluster)
@@ -243,36 +280,52 @@ def test_run_for_takes_what_arrives_in_its_window_stops_at_its_end_and_a_crash_i
     class Crash(Exception):
         pass
 
-    def crash_in_second_batch(point):
-        if point == "publish:produced" and sum(not b.empty for b in claims) == 2:
+    second_transformed = threading.Event()
+
+    def crash_publishing_the_first_batch_once_the_second_is_transformed(point):
+        if point == "transform:done" and sum(not b.empty for b in claims) == 2:
+            second_transformed.set()
+        if point == "publish:produced":           # batch 1's publish, on the second thread
+            assert second_transformed.wait(120), "the second batch was not transformed while the first published"
             raise Crash()
     arrive = FakeTime(on_sleep=lambda: _ship(raw, cfg, tmp_path / "agent"))
     with pytest.raises(Crash):
-        P.run_for(cfg, 60, "run-1", fault=crash_in_second_batch, clock=arrive.clock, sleep=arrive.sleep)
+        P.run_for(cfg, 60, "run-1", fault=crash_publishing_the_first_batch_once_the_second_is_transformed,
+                  clock=arrive.clock, sleep=arrive.sleep)
     assert claims[0].empty and arrive.sleeps == [2]          # nothing yet: it waited one poll, then the segments
     assert [b.batch_seq for b in claims[1:]] == [1, 2]
+    assert [P.read_batch(store, b.batch_id).state for b in claims[1:]] == ["transformed", "transformed"]
     _assert_nothing_archived_unpublished(cfg)
 
-    def window_ends_in_flight(point):             # the resumed batch outlasts the window
-        if point == "archive:before":
-            late.now = 31
     late = FakeTime()
+
+    def window_ends(batch):                       # the window ends once the second unfinished batch is resumed
+        if batch.batch_seq == 2:
+            late.now = 31
     claims.clear()
-    done = P.run_for(cfg, 30, "run-2", fault=window_ends_in_flight, clock=late.clock, sleep=late.sleep)
-    assert [(b.batch_seq, b.resumed) for b in claims] == [(2, True)]      # the crashed batch, resumed
-    assert [(b.batch_seq, b.state) for b in done] == [(2, "archived")]
+    on_claim[0] = window_ends
+    done = P.run_for(cfg, 30, "run-2", clock=late.clock, sleep=late.sleep)
+    assert [(b.batch_seq, b.resumed) for b in claims] == [(1, True), (2, True)]     # the older one first
+    assert [(b.batch_seq, b.state) for b in done] == [(1, "archived"), (2, "archived")]
     assert store.list(incoming) and late.sleeps == []        # segments left for the next window
 
     claims.clear()
+    on_claim[0] = lambda batch: None
     idle = FakeTime()
     done = P.run_for(cfg, 30, "run-3", clock=idle.clock, sleep=idle.sleep)
     assert done and done[0].batch_seq == 3 and store.list(incoming) == []
-    assert len(claims) == len(done) + 1 and claims[-1].empty     # then 15 polls that only list
+    assert [b.state for b in done] == ["archived"] * len(done)
+    # the first claim that finds nothing waits for the batch in flight; the next poll's claim finds nothing either,
+    # then 14 polls only list
+    assert len(claims) == len(done) + 2 and claims[-1].empty and claims[-2].empty
     assert idle.now == 30 and len(idle.sleeps) == 15
     assert {b.claimed_by for b in done} == {"run-3"}
+    batches = [P.Batch.from_dict(store.get_json(k)) for k in store.list("ledger/batches/")]
+    taken = [s["key"] for b in batches for s in b.segments]
+    assert len(taken) == len(set(taken)) == len(store.list(Layout.area_prefix(Layout.ARCHIVED, cfg.cluster)))
     assert _assert_exactly_once_in_order(cfg) > 100
     _assert_topics_replay_to_the_model(cfg, segments[1].mutations)
-    assert P.read_metrics(cfg)["totals"]["claim.resumed"] == 1
+    assert P.read_metrics(cfg)["totals"]["claim.resumed"] == 2
     assert P.run_for(cfg, 0) == []                              # a window of 0: no batch
 
 
@@ -432,8 +485,13 @@ def test_compacted_topics_keep_each_keys_latest_row_and_drop_deleted_keys(segmen
     assert cfg.publishes_tombstones
     assert _ship(_fresh_raw(segments, tmp_path), cfg, tmp_path / "agent") >= 6
     # Each batch's first record rolls the log over the batch before, which the cleaner then compacts; a third
-    # batch's lets it drop the tombstones of the first.
-    batches = P.run_until_idle(cfg)
+    # batch's lets it drop the tombstones of the first. The batches run one at a time with a pause longer than
+    # the cleaner's look between them: run_until_idle overlaps them, and two batches published within one look
+    # are compacted in one pass, which leaves their tombstones (a pass after theirs removes them).
+    batches = []
+    while not (batch := P.run_once(cfg)).empty:
+        batches.append(batch)
+        time.sleep(2.5)
     assert len(batches) >= 3
     store = P.open_store(cfg)
     published: dict = {}          # topic -> [(key, op)] in publish order, a tombstone after each delete

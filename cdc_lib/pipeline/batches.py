@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -27,6 +28,9 @@ POINTER_KEY = Layout.checkpoint("pipeline")
 METRICS_KEY = Layout.checkpoint("metrics")
 SWEEP_REQUEST_KEY = Layout.checkpoint("sweep-request")
 SNAPSHOT_REQUEST_KEY = Layout.checkpoint("snapshot-request")
+# record_metrics reads, changes and writes back one object: steps of two batches running at once in a process (one
+# published while the next is transformed) take turns, or one step's counters could overwrite the other's.
+_METRICS_LOCK = threading.Lock()
 STATES = ("claimed", "transformed", "published", "archived")
 FAULT_POINTS = ("claim:manifest_written", "claim:pointer_written", "transform:before", "transform:outbox",
                 "transform:state", "transform:done", "publish:before", "publish:<publisher point>",
@@ -137,6 +141,11 @@ def record_metrics(store: ObjectStore, step: str, counters: dict,
     ``observations`` (name -> values, e.g. the publish step's ``lag_seconds``).
     """
     log.info("%s: %s", step, json.dumps(counters, sort_keys=True))
+    with _METRICS_LOCK:
+        _fold_metrics(store, step, counters, observations)
+
+
+def _fold_metrics(store: ObjectStore, step: str, counters: dict, observations: dict[str, list[float]] | None) -> None:
     try:
         m = store.get_json(METRICS_KEY) if store.exists(METRICS_KEY) else {}
     except Exception:  # noqa: BLE001 - a broken metrics file must not stop the pipeline; it is rewritten

@@ -1,11 +1,12 @@
 """The pipeline's steps, as plain idempotent functions the Airflow tasks call: claim -> transform -> publish -> archive.
 
-One batch at a time (the DAG runs with ``max_active_runs=1``). Every step reads and writes the batch manifest
-``ledger/batches/<batch_id>.json`` in the object store, so a retry or a rerun after a crash at any instant
-finds what is done and does the rest:
+One run at a time (the DAG runs with ``max_active_runs=1``); inside a run that takes several batches, a batch is
+published and archived while the next is claimed and transformed (``overlap_batches``), so at most two batches
+are unfinished. Every step reads and writes the batch manifest ``ledger/batches/<batch_id>.json`` in the object
+store, so a retry or a rerun after a crash at any instant finds what is done and does the rest:
 
-1. ``claim``: if the last batch is not archived (a crash), return *that* batch again: exactly-once needs
-   deterministic batches (same segments, same ``now``, same ``batch_seq``). Otherwise list the complete
+1. ``claim``: if a batch is not archived (a crash), return *that* batch again, the older one first: exactly-once
+   needs deterministic batches (same segments, same ``now``, same ``batch_seq``). Otherwise list the complete
    incoming segments (sidecar present), oldest first per node, up to ``max_segments`` / ``max_bytes``, write
    the manifest (state ``claimed``), then move the pointer ``checkpoints/pipeline.json``. Nothing new: an
    empty batch, returned fast, without writing anything; unless a TTL sweep is due (``sweep_interval_s`` since
@@ -24,7 +25,7 @@ finds what is done and does the rest:
    instead (its readable entries were processed).
 
 ``run_once`` is the four steps of one batch in one process; ``run_for`` takes batch after batch for a window (a
-scheduled run's ``follow`` task, ``pipeline.follow``), each one a ``run_once``.
+scheduled run's ``follow`` task, ``pipeline.follow``), overlapping them (``_Batches``).
 
 Backfill, replay and maintenance batches run through the same steps (see ``backfill``, ``replay`` and
 ``maintenance``); a pending replay request is claimed before new segments.
@@ -172,8 +173,13 @@ def _other_datacenter_nodes(store: ObjectStore, config: PipelineConfig, incoming
 
 
 def claim(config: PipelineConfig, run_id: str = "", *, fault: Fault = no_fault,
-          wall_clock: Optional[float] = None) -> Batch:
-    """The batch this run works on: the unfinished one after a crash, else new segments; may be empty.
+          wall_clock: Optional[float] = None, in_flight: Optional[Batch] = None) -> Batch:
+    """The batch this run works on: the oldest unfinished one after a crash, else new segments; may be empty.
+
+    ``in_flight``: a batch this process is publishing and archiving at the same time (``run_for`` and
+    ``run_until_idle`` with ``overlap_batches``); it counts as finished, and its segments, still in
+    ``incoming/``, are not taken again. So at most two batches are ever unfinished, and after a crash the
+    older one is resumed first: Kafka gets batches in order.
 
     First fails at once if the settings cannot work, and warns about what agents ship (``health``);
     ``wall_clock`` (seconds) replaces ``time.time()`` for those warnings.
@@ -192,7 +198,12 @@ def claim(config: PipelineConfig, run_id: str = "", *, fault: Fault = no_fault,
         store.put_json(POINTER_KEY, {"batch_seq": seq + 1, "batch_id": nxt})
         seq += 1
     last = read_batch(store, batch_id_for(seq)) if seq else None
-    if last is not None and last.state != "archived":
+    flying = in_flight.batch_id if in_flight is not None and not in_flight.empty else None
+    if last is not None and last.state != "archived" and last.batch_id != flying:
+        # Overlapping batches leave the one before unfinished too when they die: that one goes first.
+        before = read_batch(store, batch_id_for(seq - 1)) if seq > 1 else None
+        if before is not None and before.state != "archived" and before.batch_id != flying:
+            last = before
         last.resumed = True
         record_metrics(store, "claim", {"batch_seq": last.batch_seq, "segments": len(last.segments),
                                          "resumed": 1, "repeat": True, **health,
@@ -201,6 +212,9 @@ def claim(config: PipelineConfig, run_id: str = "", *, fault: Fault = no_fault,
                     len(last.segments))
         return last
 
+    if flying is not None:
+        taken = {seg["key"] for seg in in_flight.segments}
+        incoming = {key: obj for key, obj in incoming.items() if key not in taken}
     candidates, incomplete, other_dc = _candidates(store, config, incoming)
     health["backlog"] = _backlog(candidates)
     if config.local_datacenter:
@@ -652,46 +666,119 @@ def run_once(config: PipelineConfig, run_id: str = "", *, fault: Fault = no_faul
     return archive(config, batch, fault=fault)
 
 
+class _Batches:
+    """Batch after batch through the four steps in this process (``run_for``, ``run_until_idle``).
+
+    With ``overlap_batches``, a transformed batch is published and archived on a second thread while the next one
+    is claimed and transformed. The halves use different things: the transform the cores and the Delta tables,
+    publish and archive mostly the round trips to Kafka and the store; one after the other, each half leaves the
+    machine idle while it waits. Only one batch is in flight, and it is finished before the next one publishes,
+    so Kafka gets batches in order; claim leaves the in-flight batch's segments alone and, after a crash, resumes
+    the older unfinished batch first. Without it, each batch is finished before the next is claimed.
+
+    Use as a context manager: on the way out the batch in flight finishes (its error is raised, unless one is
+    already on its way out), and ``done`` holds the finished batches in order.
+    """
+
+    def __init__(self, config: PipelineConfig, run_id: str, fault: Fault, spark):
+        self.config, self.run_id, self.fault, self.spark = config, run_id, fault, spark
+        self.done: list = []
+        self._pool = (ThreadPoolExecutor(1, thread_name_prefix="cdc-publish") if config.overlap_batches
+                      else None)
+        self._in_flight: Optional[tuple] = None      # (batch, the future of its publish and archive)
+
+    def take(self) -> Batch:
+        """Claim and transform the next batch, and publish and archive it (on the second thread: started, not
+        waited for); returns the claimed batch, empty when there was nothing to do."""
+        in_flight = self._in_flight[0] if self._in_flight is not None else None
+        batch = claim(self.config, self.run_id, fault=self.fault, in_flight=in_flight)
+        if batch.empty:
+            return batch
+        batch = transform(self.config, batch, fault=self.fault, spark=self.spark)
+        self.land()
+        if self._pool is None:
+            self.done.append(self._finish(batch))
+        else:
+            self._in_flight = (batch, self._pool.submit(self._finish, batch))
+        return batch
+
+    def _finish(self, batch: Batch) -> Batch:
+        return archive(self.config, publish(self.config, batch, fault=self.fault), fault=self.fault)
+
+    @property
+    def in_flight(self) -> bool:
+        return self._in_flight is not None
+
+    def land(self) -> None:
+        """Wait for the batch in flight to be archived (its error is raised here)."""
+        if self._in_flight is not None:
+            future = self._in_flight[1]
+            self._in_flight = None
+            self.done.append(future.result())
+
+    def __enter__(self) -> "_Batches":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if exc_type is None:
+                self.land()
+            elif self._in_flight is not None:
+                # the transform of the next batch failed: the batch before still finishes (nothing is left for the
+                # rerun that need not be), and the transform's error is the one raised
+                try:
+                    self.land()
+                except Exception:  # noqa: BLE001 - logged; the error already on its way out is the one raised
+                    log.exception("the batch in flight failed too, after %s", exc_type.__name__)
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown()
+
+
 def run_for(config: PipelineConfig, seconds: float, run_id: str = "", *, fault: Fault = no_fault, spark=None,
             clock=time.monotonic, sleep=time.sleep) -> list:
-    """Take batches (``run_once``) for ``seconds``, in this process; returns the batches processed.
+    """Take batches for ``seconds``, in this process; returns the batches processed.
 
     What a scheduled run does after its first batch (``follow_schedule``), so that a segment uploaded during the
     schedule interval waits for the next poll, not for the next run: batches follow one another while claim finds
-    work; when it finds none, ``incoming/`` is listed every ``follow_poll_s`` and claim runs again once the listing
-    changed (or while an upload is incomplete), so an idle window writes nothing to the store. No new batch starts
-    after ``seconds``; the batch in flight then finishes. What is paid once per process is paid once per window:
-    the imports, the store client, and the Spark session when a batch runs on Spark.
+    work (overlapping: ``_Batches``); when it finds none, ``incoming/`` is listed every ``follow_poll_s`` and claim
+    runs again once the listing changed (or while an upload is incomplete), so an idle window writes nothing to the
+    store. No new batch starts after ``seconds``; the batches in flight then finish. What is paid once per process
+    is paid once per window: the imports, the store client, and the Spark session when a batch runs on Spark.
 
-    Each batch is an ordinary run_once (claim's manifest and pointer first), so a crash anywhere leaves a batch that
-    the next claim resumes, exactly as after a crashed run. ``clock``/``sleep``: monotonic seconds and waiting
-    (tests pass their own).
+    Each batch goes through the same steps as a run_once (claim's manifest and pointer first), so a crash anywhere
+    leaves batches that the next claims resume, exactly as after a crashed run. ``clock``/``sleep``: monotonic
+    seconds and waiting (tests pass their own).
     """
     deadline = clock() + seconds
     store = open_store(config)
     incoming = Layout.area_prefix(Layout.INCOMING, config.cluster)
-    done: list = []
     idle_listing = None         # incoming/ as the last claim that found nothing saw it
-    while clock() < deadline:
-        listing = store.list(incoming)
-        if listing != idle_listing:
-            batch = run_once(config, run_id, fault=fault, spark=spark)
-            if not batch.empty:
-                done.append(batch)
-                idle_listing = None
-                continue
-            # an upload still without its sidecar completes without changing the listing: look again next poll
-            idle_listing = None if batch.steps["claim"].get("incomplete_uploads") else listing
-        sleep(max(0.0, min(config.follow_poll_s, deadline - clock())))
-    return done
+    with _Batches(config, run_id, fault, spark) as batches:
+        while clock() < deadline:
+            listing = store.list(incoming)
+            if listing != idle_listing:
+                batch = batches.take()
+                if not batch.empty:
+                    idle_listing = None
+                    continue
+                if batches.in_flight:
+                    # nothing to overlap it with: the batch in flight finishes now, and the next poll claims
+                    # again, with its segments gone from the listing
+                    batches.land()
+                    idle_listing = None
+                else:
+                    # an upload still without its sidecar completes without changing the listing: look again at
+                    # the next poll
+                    idle_listing = None if batch.steps["claim"].get("incomplete_uploads") else listing
+            sleep(max(0.0, min(config.follow_poll_s, deadline - clock())))
+    return batches.done
 
 
-def run_until_idle(config: PipelineConfig, *, max_runs: int = 100, spark=None) -> list:
-    """Repeat ``run_once`` until a run finds nothing to do; returns the batches processed."""
-    done = []
-    for _ in range(max_runs):
-        b = run_once(config, spark=spark)
-        if b.empty:
-            break
-        done.append(b)
-    return done
+def run_until_idle(config: PipelineConfig, *, max_runs: int = 100, spark=None, fault: Fault = no_fault) -> list:
+    """Take batches (overlapping: ``_Batches``) until claim finds nothing to do; returns the batches processed."""
+    with _Batches(config, "", fault, spark) as batches:
+        for _ in range(max_runs):
+            if batches.take().empty:
+                break
+    return batches.done
