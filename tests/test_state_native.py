@@ -11,6 +11,7 @@ back. A table with a column mask never reaches the compiled engine (it does not 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import random
 import uuid
@@ -143,6 +144,33 @@ def test_compiled_engine_keeps_the_counter_shards_a_later_deletion_uncovers():
                [mutation(2, Row(clustering, deletion=DeletionTime(20, 5)))]]
     seen = compare_batches(table, batches, random.Random(0), threads=1, label="counter shards")
     assert seen["events"] == 2      # c (n = 12), then u (12 -> 9)
+
+
+def test_a_batch_of_a_few_wide_partitions_is_spread_over_the_threads_and_joins_as_one_thread_gives_it():
+    """Three partitions of 12,000 rows each (a wide-row table's batch: few partitions, many records) are cut
+    between the compiled engine's threads by records, not by partitions (it was one thread's work while a run
+    had to hold 4,096 partitions); the joined outputs are one thread's, row for row and in publish order."""
+    table = make_rules_table()
+    ck_type, v_type = table.clustering[0].type, table.columns["v"].type
+    mutations = []
+    for p in range(3):
+        pk = table.partition_key[0].type.encode(p)
+        for i in range(12_000):
+            row = Row((ck_type.encode(i),), cells=[Cell("v", v_type.encode(i), 10)])
+            u = finish_update(PartitionUpdate(table.id, pk, table, unfiltereds=[row]))
+            mutations.append(Mutation([u], "CommitLog-7-1.log", 1, 100 + len(mutations),
+                                      mutation_id=len(mutations).to_bytes(16, "big")))
+    log = pa.Table.from_pylist([r for j, m in enumerate(mutations) for r in mutation_records(m, j)],
+                               schema=CELL_LOG_SCHEMA)
+    outputs = {threads: native.process_table(table, log, pa.Table.from_pylist([], schema=STATE_SCHEMA), 100,
+                                             state_schema=merge_source_schema(table), threads=threads)
+               for threads in (1, 2)}
+    one, two = outputs[1], outputs[2]
+    assert one.events.column("event_id").num_chunks == 1 and two.events.column("event_id").num_chunks >= 2
+    assert not one.python and not two.python
+    assert two.events.num_rows == 36_000 and two.events.to_pylist() == one.events.to_pylist()
+    assert two.state_rows.to_pylist() == one.state_rows.to_pylist() and two.changed == one.changed == 3
+    assert [p for p, _ in itertools.groupby(two.events.column("partition").to_pylist())] == [0, 1, 2]
 
 
 def test_the_comparison_sees_events_and_rows_from_the_compiled_engine():

@@ -609,21 +609,22 @@ pub fn process_table(t: &mut Table, cell_log: &[Col], stored: &Col, expiring: &[
     // partitions are independent: contiguous runs of them, which `threads` threads take in turn (a thread the
     // machine slows down takes fewer), outputs joined in order
     let threads = s.threads.clamp(1, order.len().max(1));
-    let per = if threads == 1 { order.len().max(1) } else { order.len().div_ceil(threads * 2).max(4096) };
-    let chunks: Vec<&[Part]> = order.chunks(per).collect();
+    let spans = runs_of(&order, threads);
     let next = std::sync::atomic::AtomicUsize::new(0);
     let mut runs: Vec<(usize, Result<Run, String>)> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..threads.min(chunks.len()))
+        let handles: Vec<_> = (0..threads.min(spans.len()))
             .map(|_| {
-                let (em, stored, sorted, log, chunks, next) = (&em, &stored, &sorted, &log, &chunks, &next);
+                let (em, stored, sorted, log, order, spans, next) =
+                    (&em, &stored, &sorted, &log, &order, &spans, &next);
                 scope.spawn(move || {
                     let mut mine = Vec::new();
                     loop {
                         let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        if i >= chunks.len() {
+                        if i >= spans.len() {
                             return mine;
                         }
-                        mine.push((i, process_run(em, stored, log, sorted, chunks[i], i * per, s)));
+                        let span = spans[i].clone();
+                        mine.push((i, process_run(em, stored, log, sorted, &order[span.clone()], span.start, s)));
                     }
                 })
             })
@@ -637,6 +638,34 @@ pub fn process_table(t: &mut Table, cell_log: &[Col], stored: &Col, expiring: &[
         return Err("a batch too large for 32-bit Arrow offsets".into());
     }
     Ok(Output { keys, tokens, runs })
+}
+
+/// The fewest records worth a run of their own: below it, handing a run to another thread costs more than it saves.
+const MIN_RUN_RECORDS: usize = 16_384;
+
+/// Contiguous runs of `order` for `threads` threads: about two per thread, cut by records, not by partitions,
+/// so that a batch of a few wide partitions (a time series' day, say) is spread as well as one of many small
+/// ones. A partition with no records (a TTL sweep's) counts as one; a run holds at least `MIN_RUN_RECORDS`
+/// records or the rest of the batch, and whole partitions.
+fn runs_of(order: &[Part], threads: usize) -> Vec<std::ops::Range<usize>> {
+    let weight = |p: &Part| p.recs.len().max(1);
+    if threads <= 1 || order.is_empty() {
+        return if order.is_empty() { Vec::new() } else { vec![0..order.len()] };
+    }
+    let per = order.iter().map(weight).sum::<usize>().div_ceil(threads * 2).max(MIN_RUN_RECORDS);
+    let mut runs = Vec::new();
+    let (mut start, mut n) = (0, 0);
+    for (i, p) in order.iter().enumerate() {
+        n += weight(p);
+        if n >= per {
+            runs.push(start..i + 1);
+            (start, n) = (i + 1, 0);
+        }
+    }
+    if start < order.len() {
+        runs.push(start..order.len());
+    }
+    runs
 }
 
 /// What a thread made of a contiguous run of partitions: its outputs are one chunk of the batch's (Python
