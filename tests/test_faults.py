@@ -110,6 +110,16 @@ def _assert_nothing_archived_unpublished(cfg: P.PipelineConfig) -> None:
             assert store.exists(Layout.ledger(b.batch_id)), f"{b.batch_id}: archived before published"
 
 
+def _assert_each_segment_in_one_batch(cfg: P.PipelineConfig) -> list:
+    """Every archived segment was taken by exactly one batch (overlapping batches never share one); returns the
+    batches."""
+    store = P.open_store(cfg)
+    batches = [P.Batch.from_dict(store.get_json(k)) for k in store.list("ledger/batches/")]
+    taken = [s["key"] for b in batches for s in b.segments]
+    assert len(taken) == len(set(taken)) == len(store.list(Layout.area_prefix(Layout.ARCHIVED, cfg.cluster)))
+    return batches
+
+
 def _assert_exactly_once_in_order(cfg: P.PipelineConfig) -> int:
     got = _consume(cfg.kafka_bootstrap, cfg.topic_prefix)
     want = _outbox_by_topic(cfg)
@@ -230,10 +240,7 @@ def test_overlapping_batches_killed_then_rerun_publishes_each_event_once_from_se
     assert P.run_until_idle(cfg)                       # the rerun: resumes what the kills left, then the rest
     store = P.open_store(cfg)
     assert store.list(Layout.area_prefix(Layout.INCOMING, cfg.cluster)) == []
-    batches = [P.Batch.from_dict(store.get_json(k)) for k in store.list("ledger/batches/")]
-    assert {b.state for b in batches} == {"archived"}
-    taken = [s["key"] for b in batches for s in b.segments]
-    assert len(taken) == len(set(taken)) == len(store.list(Layout.area_prefix(Layout.ARCHIVED, cfg.cluster)))
+    assert {b.state for b in _assert_each_segment_in_one_batch(cfg)} == {"archived"}
     assert _assert_exactly_once_in_order(cfg) > 100
     _assert_topics_replay_to_the_model(cfg, segments[1].mutations)
 
@@ -320,9 +327,7 @@ def test_run_for_takes_what_arrives_overlaps_batches_stops_at_its_end_and_a_cras
     assert len(claims) == len(done) + 2 and claims[-1].empty and claims[-2].empty
     assert idle.now == 30 and len(idle.sleeps) == 15
     assert {b.claimed_by for b in done} == {"run-3"}
-    batches = [P.Batch.from_dict(store.get_json(k)) for k in store.list("ledger/batches/")]
-    taken = [s["key"] for b in batches for s in b.segments]
-    assert len(taken) == len(set(taken)) == len(store.list(Layout.area_prefix(Layout.ARCHIVED, cfg.cluster)))
+    _assert_each_segment_in_one_batch(cfg)
     assert _assert_exactly_once_in_order(cfg) > 100
     _assert_topics_replay_to_the_model(cfg, segments[1].mutations)
     assert P.read_metrics(cfg)["totals"]["claim.resumed"] == 2

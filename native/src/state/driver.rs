@@ -649,8 +649,11 @@ const MIN_RUN_RECORDS: usize = 16_384;
 /// records or the rest of the batch, and whole partitions.
 fn runs_of(order: &[Part], threads: usize) -> Vec<std::ops::Range<usize>> {
     let weight = |p: &Part| p.recs.len().max(1);
-    if threads <= 1 || order.is_empty() {
-        return if order.is_empty() { Vec::new() } else { vec![0..order.len()] };
+    if order.is_empty() {
+        return Vec::new();
+    }
+    if threads <= 1 {
+        return vec![0..order.len()];
     }
     let per = order.iter().map(weight).sum::<usize>().div_ceil(threads * 2).max(MIN_RUN_RECORDS);
     let mut runs = Vec::new();
