@@ -178,6 +178,30 @@ def test_rerun_of_a_committed_batch_changes_nothing(tmp_path):
     assert _snapshot(tmp_path) == before
 
 
+def test_a_snapshot_is_what_the_store_reads_while_another_batch_commits(tmp_path):
+    """``snapshot`` pins a store's reads (the transform reads the state as its batch began): a commit made since,
+    here by another store, shows neither in ``is_committed`` at the snapshot's version nor in the rows read."""
+    from cdc_lib.sinks.delta import META_COLUMNS
+    batches = _batches(5, parts=2)
+    store, _, _ = _run(tmp_path, batches[:1], check=False)
+    t = SCHEMA.by_name("shop", "orders")
+    order = [("_cdc_token", "ascending"), ("_cdc_row_kind", "ascending"), ("_cdc_clustering", "ascending")]
+    before = read_state(str(tmp_path), t.keyspace, t.name).select(META_COLUMNS).sort_by(order)
+    versions = store.snapshot([t])
+    store.versions.update(versions)
+    recs = []
+    for j, (_, copy) in enumerate(batches[1]):
+        recs += mutation_records(copy, j)
+    run_store_batch(DeltaRsStateStore(str(tmp_path)), SCHEMA, [records_to_batch(recs)], batch_id="batch-001",
+                    batch_seq=2, now=NOW0 + 50, prev_now=NOW0 + 5)
+    after = read_state(str(tmp_path), t.keyspace, t.name).select(META_COLUMNS).sort_by(order)
+    assert not after.equals(before)                     # the second batch changed the table
+    assert store.is_committed(t, 2) and store.is_committed(t, 1, version=versions[store.state_uri(t)])
+    assert not store.is_committed(t, 2, version=versions[store.state_uri(t)])
+    keys = set(before["_cdc_partition_key"].to_pylist()) | set(after["_cdc_partition_key"].to_pylist())
+    assert store.read_state_rows(t, keys).select(META_COLUMNS).sort_by(order).equals(before)
+
+
 class Crash(Exception):
     pass
 

@@ -174,7 +174,7 @@ def _assert_topics_replay_to_the_model(cfg: P.PipelineConfig, mutations) -> None
 KILL_PLAN = [
     ("claim:manifest_written", 1), ("claim:pointer_written", 1),
     ("transform:before", 1), ("transform:outbox", 1),      # the outbox committed, no state table yet
-    ("transform:state", 2),                                # two state tables committed, the others not
+    ("transform:state", 2),                                # two state tables committed, or more (at once)
     ("transform:done", 1),
     ("publish:before", 1), ("publish:intent_written", 1), ("publish:scanned", 1),
     ("publish:produced", 7),                               # 7 events handed to the producer, none flushed

@@ -18,8 +18,8 @@ deltalake ``storage_options``):
   earlier versions wrote it, keeps working and is rewritten once by ``unpartition_outbox``.)
 
 Atomic and idempotent per batch: every commit of a batch carries the Delta app transaction
-``(app_id, batch_seq)``. The outbox is written first, then each state table; a table whose
-``transaction_version(app_id)`` is already ``>= batch_seq`` is skipped. Because the state is always read
+``(app_id, batch_seq)``. The outbox is written first, then the state tables (in any order, or at once); a
+table whose ``transaction_version(app_id)`` is already ``>= batch_seq`` is skipped. Because the state is always read
 from the last committed version and events are deterministic (ids are content hashes, order is
 ``state.batch.partition_order``), a rerun after a failure anywhere writes exactly what the first run would have.
 
@@ -425,7 +425,7 @@ class StateStore(Protocol):
 
     def expiring_keys(self, table, after: int, upto: int) -> list: ...
 
-    def is_committed(self, table, batch_seq: int) -> bool: ...
+    def is_committed(self, table, batch_seq: int, *, version: Optional[int] = None) -> bool: ...
 
     def commit(self, table, batch_seq: int, source) -> bool: ...
 
@@ -444,6 +444,9 @@ class DeltaRsStateStore:
         self.app_id = app_id
         self.versions = dict(versions or {})
         self.fail_hook = fail_hook          # tests: called with ("outbox"|"state", name) after each commit
+        # Handles of pinned versions, opened once: a version never changes, and an open reads the table's log
+        # from the store (on S3, a listing and a few requests: ~10 ms, about 25 times a batch before this).
+        self._pinned: dict = {}             # (uri, version) -> DeltaTable
 
     # --- tables ---
     def state_uri(self, table) -> str:
@@ -453,22 +456,31 @@ class DeltaRsStateStore:
         return events_table_uri(self.root)
 
     def _open(self, uri: str, version: Optional[int] = None):
+        """The table at ``version`` (kept: read-only, for this store's reads), or at its latest version (opened
+        anew each time: a handle this store writes through, or one that must see other writers' commits)."""
         from deltalake import DeltaTable
         from deltalake.exceptions import TableNotFoundError
+        if version is not None and (uri, version) in self._pinned:
+            return self._pinned[(uri, version)]
         try:
             if version is not None:
-                return DeltaTable(uri, version=version, storage_options=self.storage_options or None)
+                dt = self._pinned[(uri, version)] = DeltaTable(uri, version=version,
+                                                               storage_options=self.storage_options or None)
+                return dt
             return DeltaTable(uri, storage_options=self.storage_options or None)
         except TableNotFoundError:
             return None
 
     def snapshot(self, tables) -> dict:
-        """{state table uri: current version} of ``tables``: pass as ``versions`` to read one consistent state."""
+        """{state table uri: current version} of ``tables``: pass as ``versions`` to read one consistent state.
+        The handles are kept as those versions' (``is_committed(..., version=)`` and reads at them open nothing)."""
         out = {}
         for t in tables:
-            dt = self._open(self.state_uri(t))
+            uri = self.state_uri(t)
+            dt = self._open(uri)
             if dt is not None:
-                out[self.state_uri(t)] = dt.version()
+                out[uri] = dt.version()
+                self._pinned[(uri, out[uri])] = dt
         return out
 
     # --- reading ---
@@ -512,14 +524,16 @@ class DeltaRsStateStore:
         return sorted(set(t["_cdc_partition_key"].to_pylist()))
 
     # --- writing ---
-    def is_committed(self, table, batch_seq: int) -> bool:
-        return self._committed(self.state_uri(table), batch_seq)
+    def is_committed(self, table, batch_seq: int, *, version: Optional[int] = None) -> bool:
+        """True when the table holds batch ``batch_seq`` (at ``version``: one of ``snapshot``'s; default: now)."""
+        return self._holds(self._open(self.state_uri(table), version), batch_seq)
 
     def outbox_committed(self, batch_seq: int) -> bool:
-        return self._committed(self.events_uri(), batch_seq)
+        return self._holds(self._open(self.events_uri()), batch_seq)
 
-    def _committed(self, uri: str, batch_seq: int) -> bool:
-        dt = self._open(uri)
+    def _holds(self, dt, batch_seq: int) -> bool:
+        """True when the table ``dt`` (None: no table) has an app transaction of this store's at ``batch_seq``
+        or later: every commit of a batch carries one."""
         if dt is None:
             return False
         v = dt.transaction_version(self.app_id)
@@ -548,12 +562,13 @@ class DeltaRsStateStore:
             self.fail_hook("outbox", "events")
         return True
 
-    def ensure_table(self, table):
-        """Create the state table, or add the columns the CQL table gained (metadata-only commit)."""
+    def ensure_table(self, table, dt=None):
+        """Create the state table, or add the columns the CQL table gained (metadata-only commit); the table as
+        it then is. ``dt``: the table just opened at its latest version (None: opened here)."""
         from deltalake import DeltaTable, Field
         uri = self.state_uri(table)
         want = state_arrow_schema(table)
-        dt = self._open(uri)
+        dt = dt if dt is not None else self._open(uri)
         if dt is None:
             DeltaTable.create(uri, want, mode="ignore", storage_options=self.storage_options or None,
                               name=table.qualified_name, configuration={STATS_PROPERTY: ",".join(STATS_COLUMNS)})
@@ -585,9 +600,10 @@ class DeltaRsStateStore:
 
         Returns False when the table already holds this batch (nothing written).
         """
-        if self.is_committed(table, batch_seq):
+        dt = self._open(self.state_uri(table))     # one open: the check, then the MERGE through it
+        if self._holds(dt, batch_seq):
             return False
-        dt = self.ensure_table(table)
+        dt = self.ensure_table(table, dt)
         target = pa.schema(dt.schema().to_arrow()) if hasattr(dt.schema(), "to_arrow") else None
         names = list(target.names) if target is not None else state_arrow_schema(table).names
         reader = _aligned_reader(source, merge_source_schema(table), target)
@@ -875,8 +891,10 @@ def read_outbox_table(root: str, batch_id: str, storage_options: Optional[dict] 
         dt = DeltaTable(events_table_uri(root), storage_options=storage_options or None)
     except TableNotFoundError:
         return OUTBOX_SCHEMA.empty_table()
-    t = dt.to_pyarrow_dataset().to_table(filter=pc.field("batch_id") == batch_id)
-    return t.select(OUTBOX_SCHEMA.names).sort_by([("seq", "ascending")])
+    t = dt.to_pyarrow_dataset().to_table(filter=pc.field("batch_id") == batch_id).select(OUTBOX_SCHEMA.names)
+    seq = t.column("seq").to_numpy()
+    # A batch is written in seq order, one file or a few: read back in that order, no copy of its JSON is needed.
+    return t if bool(np.all(seq[1:] > seq[:-1])) else t.sort_by([("seq", "ascending")])
 
 
 def read_state(root: str, keyspace: str, table: str, storage_options: Optional[dict] = None,

@@ -127,6 +127,7 @@ EVENT_COLUMNS = ("event_id", "t_keyspace", "t_name", "op", "key_json", "event_js
 EVENT_SCHEMA = pa.schema([OUT_SCHEMA.field(c) for c in EVENT_COLUMNS])
 PARSE_TASKS_PER_CORE = 2
 OUTBOX_CHUNK = 10_000          # outbox rows per Arrow batch handed to the Delta writer
+MERGE_THREADS = 4              # state tables MERGEd at once by a transform without Spark (each waits on the store)
 
 
 @dataclass
@@ -562,13 +563,15 @@ def run_batch(spark, segments, *, root: str, storage_options: Optional[dict] = N
         from cdc_lib.sinks.delta_spark import DeltaSparkStateStore
         store = DeltaSparkStateStore(spark, root, storage_options, app_id=app_id, fail_hook=fail_hook)
     tables = _user_tables(schema)
+    # The state as it is now, read from here on at these versions (nothing else writes under the writer lock).
+    versions = store.snapshot(tables)
+    store.versions.update(versions)
     outbox_done = store.outbox_committed(batch_seq)
-    todo = [t for t in tables if not store.is_committed(t, batch_seq)]
+    todo = [t for t in tables if not store.is_committed(t, batch_seq, version=versions.get(store.state_uri(t)))]
     result.skipped_tables = [t.qualified_name for t in tables if t not in todo]
     if outbox_done and not todo:
         return result
     with _timed(timings, "prepare"):
-        versions = store.snapshot(tables)
         marks = _sweep_marks(store, tables, now, prev_now)
     parse = _parse_sources(schema, store_url or root, dict(store_options or {}), cluster, batch_id, scan_settings,
                            keys)
@@ -699,7 +702,7 @@ def _run_in_spark(spark, paths: list, marks: list, *, parse, reconcile, write: d
 def _write_outputs(*, store, result: BatchResult, todo: list, outbox_done: bool, batch_id: str, batch_seq: int,
                    timings: dict, event_chunks, state_rows) -> None:
     """Step 4 in this process: the outbox (events in publish order get their ``seq``) in one commit, then one
-    MERGE per table.
+    MERGE per table, the tables at once.
 
     ``event_chunks()``: Arrow batches/tables with ``EVENT_COLUMNS`` in publish order; ``state_rows()``: (table
     id, change rows, Arrow IPC stream of them) with each table's rows together, tables in ``table_order``.
@@ -723,25 +726,29 @@ def _write_outputs(*, store, result: BatchResult, todo: list, outbox_done: bool,
         result.events = count[0]
     with _timed(timings, "state_merge"):
         pending = {str(t.id): t for t in todo}
+        merges = []             # (table, [(table id, rows, Arrow IPC stream of them)])
         seen = set()
         for tid, rows in itertools.groupby(state_rows(), key=lambda r: r[0]):
             if tid in seen:     # the stream must hold each table's rows together; never merge a table twice
                 raise RuntimeError(f"merge_batch: state rows of table {tid} are not contiguous")
             seen.add(tid)
             t = pending.pop(tid, None)
-            if t is None:       # committed by an earlier run of this batch
-                for _ in rows:
-                    pass
-                continue
-            n = [0]
+            rows = list(rows)
+            if t is not None:   # else committed by an earlier run of this batch
+                merges.append((t, rows))
 
-            def state_batches(rows=rows, n=n):
-                for _, n_rows, payload in rows:
-                    n[0] += n_rows
-                    yield from pa.ipc.open_stream(payload)
-            if store.commit(t, batch_seq, pa.RecordBatchReader.from_batches(merge_source_schema(t),
-                                                                             state_batches())):
-                result.tables[t.qualified_name] = int(n[0])
+        def merge(job) -> tuple:
+            t, rows = job
+            source = pa.RecordBatchReader.from_batches(
+                merge_source_schema(t), (b for _, _, payload in rows for b in pa.ipc.open_stream(payload)))
+            return t, sum(n for _, n, _ in rows), store.commit(t, batch_seq, source)
+        # Each table's MERGE is a commit of its own, in any order (the outbox holds the events already; a rerun
+        # merges the tables without this batch's app transaction), and mostly waits on the store: all at once.
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(max(1, min(MERGE_THREADS, len(merges))), thread_name_prefix="cdc-merge") as pool:
+            for t, n, written in pool.map(merge, merges):
+                if written:
+                    result.tables[t.qualified_name] = int(n)
 
 
 def _outbox_batch(chunk, batch_id: str, batch_seq: int, first_seq: int) -> pa.RecordBatch:
