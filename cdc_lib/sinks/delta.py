@@ -444,8 +444,8 @@ class DeltaRsStateStore:
         self.app_id = app_id
         self.versions = dict(versions or {})
         self.fail_hook = fail_hook          # tests: called with ("outbox"|"state", name) after each commit
-        # Handles of pinned versions, opened once: a version never changes, and an open reads the table's log
-        # from the store (on S3, a listing and a few requests: ~10 ms, about 25 times a batch before this).
+        # Handles of pinned versions, opened once: a version never changes, an open reads the table's log from
+        # the store (on S3 a listing and a few requests, ~10 ms), and a batch reads each table several times.
         self._pinned: dict = {}             # (uri, version) -> DeltaTable
 
     # --- tables ---
