@@ -9,8 +9,9 @@ Prints events/s end to end, the share of each step (Spark start-up, the Spark jo
 Spark job's own stages (``spark.merge_job.LAST_TIMINGS`` summed over batches: where it ran, driver or Spark
 tasks, and parse / group / reconcile / outbox / state MERGE seconds; in-process runs only), a single-process
 profile of the Spark job's three phases (decode, reconcile, Delta write: the same functions the executors
-run, timed without Spark), and the latency from "segment uploaded" to "event in Kafka" (Kafka's
-record timestamp minus the time the agent finished uploading the segment the event came from).
+run, timed without Spark), this process's CPU time and page faults during the run and its peak resident size
+(in-process runs), and the latency from "segment uploaded" to "event in Kafka" (Kafka's record timestamp minus
+the time the agent finished uploading the segment the event came from).
 
 The steps run as a scheduled run's ``follow`` task runs them (``pipeline.run_until_idle``): with
 ``overlap_batches``, a batch is published and archived while the next one is claimed and transformed;
@@ -38,6 +39,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import resource
 import statistics
 import sys
 import tempfile
@@ -310,6 +312,23 @@ def main(argv=None) -> int:
         return _driver_memory([int(x) for x in a.driver_memory.split(",")], a.max_segments, a.segment_size)
 
     work = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
+    try:
+        return _measure(a, work)
+    finally:
+        import shutil
+        shutil.rmtree(work, ignore_errors=True)     # ~650 MB at 135,000 writes: segments, copies, the store's data
+
+
+def _usage_since(before) -> str:
+    """This process's CPU and page faults since the ``getrusage`` reading ``before``, and its peak resident size.
+    Faults count the pages the kernel mapped in (and zeroed, for fresh memory): see ``cdc_lib.allocator``."""
+    now = resource.getrusage(resource.RUSAGE_SELF)
+    return (f"user {now.ru_utime - before.ru_utime:.2f} s, system {now.ru_stime - before.ru_stime:.2f} s, "
+            f"{now.ru_minflt - before.ru_minflt:,} page faults, peak resident {now.ru_maxrss >> 10:,} MiB")
+
+
+def _measure(a, work: Path) -> int:
+    """The run ``main`` prints, in ``work`` (generated segments, the embedded servers' data)."""
     schema = sample_schema()
     workload = Workload(schema, seed=1)
     t = time.perf_counter()
@@ -373,10 +392,12 @@ def main(argv=None) -> int:
                         job_stages[k] = job_stages.get(k, 0.0) + v
                 return res
             merge_job.run_batch = summed_run_batch
+            used = resource.getrusage(resource.RUSAGE_SELF)
             try:            # the product's own loop: what a scheduled run's follow task does
                 batches = P.run_until_idle(dataclasses.replace(cfg, overlap_batches=a.overlap))
             finally:
                 merge_job.run_batch = run_batch
+            process_use = _usage_since(used)
         run_s = time.perf_counter() - t_run
         for b in batches:       # each step's own duration, from the batch manifests
             s = b.steps
@@ -428,6 +449,8 @@ def main(argv=None) -> int:
             print(f"  {'spark-submit, %d worker(s)' % r['workers']:34s} {rate:9.0f} {rate / baseline:7.2f} "
                   f"{r['wall_s']:7.1f}  " + _stages_text(r["stages"]))
         print("  (a spark-submit batch pays a new driver and executors: JVM start-up is part of its wall time)")
+    if not a.airflow:
+        print(f"this process during the run: {process_use}")
     if lat:
         print(f"segment uploaded -> event in Kafka: median {statistics.median(lat):.1f} s, "
               f"p95 {percentile(lat, 0.95):.1f} s, max {lat[-1]:.1f} s over {len(lat)} events")

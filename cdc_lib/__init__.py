@@ -17,7 +17,12 @@ above it here, never one below):
     demo/        the demo and what tests share with it: embedded servers, generated workloads (not for production)
 
 Shared by every stage: ``errors`` (typed errors), ``wire`` (byte primitives), ``settings`` (one settings model),
-``gcpause``, ``metrics`` (the Prometheus text format).
+``gcpause``, ``metrics`` (the Prometheus text format), ``allocator`` (how freed memory goes back to the kernel).
 """
 
+from cdc_lib import allocator as _allocator
+
 __version__ = "0.1.0"
+
+# Before anything here imports pyarrow or the compiled core: mimalloc reads its options when they load.
+_allocator.configure()

@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "cdc_lib"
 
 # Lowest first. A module of one stage may import modules of its own stage and of the stages before it.
 STAGES = (
-    "errors", "wire", "gcpause", "metrics",   # shared by every stage
+    "errors", "wire", "gcpause", "metrics", "allocator",   # shared by every stage
     "storage",                        # the object store and its key layout
     "settings",                       # the one settings model
     "cql",                            # CQL types, tokens, table metadata
