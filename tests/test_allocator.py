@@ -29,7 +29,7 @@ def _purge_decommits_seen(code: str, **env) -> list[int]:
     return [int(v) for v in re.findall(r"option 'purge_decommits': (-?\d+)", done.stderr)]
 
 
-def test_pyarrow_imported_after_cdc_lib_keeps_freed_pages_mapped():
+def test_pyarrow_imported_after_cdc_lib_resets_freed_pages_instead_of_decommitting():
     seen = _purge_decommits_seen("import cdc_lib, pyarrow as pa; pa.array([1, 2, 3])")
     assert seen == [0]
 
