@@ -12,7 +12,8 @@ kernel may reclaim at any time.
 mimalloc reads its options once, when the library that carries it loads (pyarrow's when ``pyarrow`` is imported,
 the compiled core's when it is): the setting reaches only what loads after ``cdc_lib`` is imported. A value the
 environment already holds is kept, so ``MIMALLOC_PURGE_DECOMMITS=1`` restores mimalloc's own default. Child
-processes (Spark's JVM and its Python workers) inherit it.
+processes (a local Spark's JVM and its Python workers) inherit it; a cluster's executors get it from the job's
+``spark.executorEnv`` (``spark.session.session_properties``).
 """
 from __future__ import annotations
 

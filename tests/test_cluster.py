@@ -325,6 +325,20 @@ def test_s3_timeout_s_reaches_s3a_and_the_jobs_fsspec_and_delta_rs():
     assert (job.fs_options(), job.delta_options()) == (cfg.fs_options(), cfg.delta_options())
 
 
+def test_executors_get_the_allocator_setting_and_spark_conf_can_change_it(monkeypatch):
+    """A cluster's executors do not inherit the driver's environment: ``cdc_lib.allocator``'s setting goes with the
+    job as ``spark.executorEnv``, with the value this process holds (the user's, when set), and ``spark_conf``
+    still has the last word."""
+    from cdc_lib.settings import PipelineConfig
+    from cdc_lib.spark.session import session_properties
+    key = "spark.executorEnv.MIMALLOC_PURGE_DECOMMITS"
+    monkeypatch.delenv("MIMALLOC_PURGE_DECOMMITS", raising=False)
+    assert session_properties(PipelineConfig(store_url="/s", spark_jars="none"))[key] == "0"
+    monkeypatch.setenv("MIMALLOC_PURGE_DECOMMITS", "1")
+    assert session_properties(PipelineConfig(store_url="/s", spark_jars="none"))[key] == "1"
+    assert session_properties(PipelineConfig(store_url="/s", spark_jars="none", spark_conf={key: "0"}))[key] == "0"
+
+
 def test_a_sigkilled_worker_started_again_registers_with_the_master(spark_cluster):
     """What the soak's ``spark-worker`` fault does (``benchmarks/soak.py --spark-cluster``): worker 2's JVM
     SIGKILLed is gone and reaped, then started again on its work directory as a new JVM that the master lists

@@ -28,6 +28,8 @@ import zipfile
 from pathlib import Path
 from typing import Mapping, Optional
 
+from cdc_lib import allocator
+
 from .conf import (DELTA_SESSION_CONF, LOG4J2_CONFIG, REPO_ROOT, java_options, s3a_properties, spark_jars,
                    write_properties)
 
@@ -77,9 +79,12 @@ def stop_spark() -> None:
 
 
 def session_properties(config) -> dict:
-    """The Spark properties of a batch for ``config``: its jars, Delta, the store's S3 settings, then the
-    ``spark_conf`` setting over them (``--conf`` passthrough)."""
+    """The Spark properties of a batch for ``config``: its jars, Delta, the store's S3 settings, the allocator
+    setting for the executors, then the ``spark_conf`` setting over them (``--conf`` passthrough)."""
     props = {"spark.jars": ",".join(spark_jars(config.spark_jars)), **DELTA_SESSION_CONF, **s3a_properties(config)}
+    # Executors a cluster's workers start do not inherit this process's environment: the allocator setting (its
+    # value here, the user's if they set one) goes with the job, and their pyarrow starts with it.
+    props.update({f"spark.executorEnv.{name}": value for name, value in allocator.configure().items()})
     props.update({k: str(v) for k, v in (config.spark_conf or {}).items()})
     if not props["spark.jars"]:
         del props["spark.jars"]
