@@ -18,6 +18,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from test_faults import (_assert_exactly_once_in_order, _assert_topics_replay_to
 
 from cdc_lib import pipeline as P
 from cdc_lib.demo.servers import run_s3_server, run_spark_cluster
+from cdc_lib.spark import scratch
 from cdc_lib.storage.layout import Layout
 
 
@@ -142,6 +144,9 @@ def test_pipeline_killed_between_delta_commits_then_a_rerun_losing_an_executor_p
     while _jobs_of(store.url):
         assert time.monotonic() < deadline, "the killed run's spark-submit job is still running"
         time.sleep(0.5)
+    # the killed task ran no clean-up: its job's secrets file is still in the temporary directory
+    secrets_left = list(Path(tempfile.gettempdir()).glob(scratch.prefix("spark-submit", killed.pid) + "*"))
+    assert [p.name for d in secrets_left for p in d.iterdir()] == ["secret.properties"]
     before = _delta_commits(cfg)
     assert P.read_batch(store, P.batch_id_for(1)).state == "claimed"
     committed = _holding(before, 1)
@@ -169,6 +174,7 @@ def test_pipeline_killed_between_delta_commits_then_a_rerun_losing_an_executor_p
         assert versions.count(1) <= 1, f"{table}: the batch committed twice"
     assert {t: after[t] for t in committed} == committed, "the rerun wrote a table the killed job had committed"
     assert set(_holding(after, 1)) - set(committed), "the killed job had committed every table already"
+    assert not any(d.exists() for d in secrets_left), "the rerun's job left the killed one's secrets file"
     # the secret key never was on a command line (spark-submit's argv is logged whole)
     assert s3_server.secret_key not in caplog.text and "spark-submit --master spark://" in caplog.text
     # both workers ran executors of the rerun's job

@@ -166,13 +166,12 @@ def segment_file(source: str, checksum: Optional[str], store_options: dict):
         yield source.removeprefix("file://")
         return
     import hashlib
-    import shutil
-    import tempfile
 
     import fsspec
     from cdc_lib.storage.objects import VerificationError
-    directory = tempfile.mkdtemp(prefix="cdc-segment-")
-    try:
+
+    from .scratch import private_dir
+    with private_dir("segment") as directory:     # a killed task's copy is removed by the next one to make one
         path = os.path.join(directory, source.rsplit("/", 1)[-1])
         digest = hashlib.sha256()
         with fsspec.open(source, "rb", **store_options) as src, open(path, "wb") as out:
@@ -183,8 +182,6 @@ def segment_file(source: str, checksum: Optional[str], store_options: dict):
             raise VerificationError(f"{source}: the copy read hashes to {digest.hexdigest()}, the batch claimed "
                                     f"the segment with sha256 {checksum}")
         yield path
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _parse_sources(schema, store_url: str, store_options: dict, cluster: str, batch_id: str, scan_settings=None,
@@ -271,17 +268,15 @@ def sstable_directory(src: dict, store_options: dict):
         yield data["path"].removeprefix("file://")
         return
     import shutil
-    import tempfile
-    directory = tempfile.mkdtemp(prefix="cdc-sstable-")
-    try:
+
+    from .scratch import private_dir
+    with private_dir("sstable") as directory:
         target = os.path.join(directory, *data["dir"].split("/"))
         os.makedirs(target)
         for f in src["files"]:
             with segment_file(f["path"], f["checksum"], store_options) as local:
                 shutil.copyfile(local, os.path.join(target, f["name"]))
         yield os.path.join(target, data["name"])
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _sstable_cells(schema, store_options: dict, src: dict, damages: list):

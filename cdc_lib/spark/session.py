@@ -22,7 +22,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import threading
 import zipfile
 from pathlib import Path
@@ -30,6 +29,7 @@ from typing import Mapping, Optional
 
 from cdc_lib import allocator
 
+from . import scratch
 from .conf import (DELTA_SESSION_CONF, LOG4J2_CONFIG, REPO_ROOT, java_options, s3a_properties, spark_jars,
                    write_properties)
 
@@ -131,9 +131,7 @@ def _start_session(master: str, app_name: str, props: Mapping[str, str]):
         props["spark.driver.extraJavaOptions"] = java_options(
             props, "spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG4J2_CONFIG.as_uri()}")
         props.update({"spark.master": master, "spark.app.name": app_name})
-        fd, name = tempfile.mkstemp(prefix="cdc-spark-", suffix=".properties")
-        os.close(fd)
-        path = write_properties(Path(name), props)
+        path = write_properties(scratch.process_file("spark-properties", ".properties"), props)
         before = os.environ.get("PYSPARK_SUBMIT_ARGS")
         os.environ["PYSPARK_SUBMIT_ARGS"] = f"--properties-file {path} pyspark-shell"
         try:
@@ -183,8 +181,7 @@ def ship_cdc_lib(spark) -> None:
     """Send ``cdc_lib`` to the executors as a zip (for clusters where it is not installed)."""
     import cdc_lib
     pkg = Path(cdc_lib.__file__).resolve().parent
-    fd, path = tempfile.mkstemp(suffix=".zip", prefix="cdc_lib-")
-    os.close(fd)
+    path = str(scratch.process_file("cdc_lib", ".zip"))   # served to executors while the session lives
     with zipfile.ZipFile(path, "w") as z:
         for p in pkg.rglob("*.py"):
             z.write(p, str(p.relative_to(pkg.parent)))

@@ -29,12 +29,12 @@ import shlex
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 from pathlib import Path
 
 from cdc_lib.errors import CdcError
 
+from . import scratch
 from .conf import LOG4J2_CONFIG, REPO_ROOT, java_options, split_secrets, write_properties
 from .merge_job import RESULT_PREFIX
 from .session import _LOG4J_LEVELS, _LOG4J_LINE, session_properties
@@ -123,7 +123,7 @@ def run_job(config, job_args: list) -> dict:
     env = dict(os.environ)
     env.setdefault("PYSPARK_PYTHON", sys.executable)       # the driver's Python: this one, which has cdc_lib
     env.setdefault("PYSPARK_DRIVER_PYTHON", env["PYSPARK_PYTHON"])
-    with tempfile.TemporaryDirectory(prefix="cdc-spark-submit-") as private:      # mode 0700
+    with scratch.private_dir("spark-submit") as private:      # mode 0700
         argv = submit_command(config, job_args, write_properties(Path(private) / "secret.properties", secret))
         log.info("transform: %s", shlex.join(argv))
         tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
