@@ -166,7 +166,8 @@ def build_state(root: str, table, rows: int, chunk: int) -> None:
     DeltaRs.ensure_table(table)
     for start in range(0, rows, chunk):
         ids = np.arange(start, min(rows, start + chunk), dtype=np.int64) * 2   # even ids exist, odd are new
-        write_deltalake(uri, state_chunk(table, ids, TS0), mode="append")
+        write_deltalake(uri, state_chunk(table, ids, TS0), mode="append",     # the files as the pipeline's
+                        writer_properties=delta_store.writer_properties())
 
 
 def build_plain(root: str, rows: int, chunk: int) -> str:

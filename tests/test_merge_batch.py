@@ -300,6 +300,19 @@ def test_both_stores_write_the_same_tables_and_every_engine_reads_them_alike(spa
         assert (ta.protocol().min_reader_version, ta.protocol().min_writer_version) == \
                (tb.protocol().min_reader_version, tb.protocol().min_writer_version), a
         assert ta.transaction_version("cassandra-cdc") == tb.transaction_version("cassandra-cdc") == 2, a
+        for t in (ta, tb):          # both writers compress every column of every file with zstd
+            assert _codecs(t) == {"ZSTD"}, (t.table_uri, _codecs(t))
+
+
+def _codecs(dt) -> set:
+    """The compression codecs of every column chunk of every file of the Delta table ``dt``."""
+    import pyarrow.parquet as pq
+    out = set()
+    for f in dt.file_uris():
+        meta = pq.ParquetFile(f.removeprefix("file://")).metadata
+        out |= {meta.row_group(g).column(c).compression for g in range(meta.num_row_groups)
+                for c in range(meta.num_columns)}
+    return out
 
 
 # ------------------------------------------------------------------------------ the Spark step killed for real

@@ -245,6 +245,18 @@ _EXTRA_META = [
     pa.field(OLDEST_DELETION, pa.int64()),     # state.purge.oldest_deletion_time: lets a purge skip files
 ]
 # Columns Delta keeps file statistics of (min/max per file): what reads and purges filter on.
+# Parquet files of every table are written with zstd at level 1 (the Spark path too: ``spark.conf``). Against
+# delta-rs's default, snappy, a batch's outbox is 25 MB instead of 56 MB for the same writing CPU, the S3 server
+# takes half the CPU to store it and it reads back no slower (README, "Parquet compression").
+PARQUET_COMPRESSION, PARQUET_COMPRESSION_LEVEL = "ZSTD", 1
+
+
+def writer_properties():
+    """The deltalake ``WriterProperties`` of every file this module writes."""
+    from deltalake import WriterProperties
+    return WriterProperties(compression=PARQUET_COMPRESSION, compression_level=PARQUET_COMPRESSION_LEVEL)
+
+
 STATS_PROPERTY = "delta.dataSkippingStatsColumns"
 STATS_COLUMNS = ("_cdc_token", "_cdc_next_expiry", "_cdc_updated_batch", OLDEST_DELETION)
 # Table property: the drops ({column: drop time, µs}) whose data a purge has removed from every record. A drop not
@@ -555,7 +567,7 @@ class DeltaRsStateStore:
         data = _as_reader(rows, OUTBOX_SCHEMA)
         # no partitioning (an outbox an earlier version partitioned by batch_id keeps its layout until the
         # maintenance step rewrites it): a file per batch, which upkeep compacts; a reader finds a batch by statistics
-        write_deltalake(self.events_uri(), data, mode="append",
+        write_deltalake(self.events_uri(), data, mode="append", writer_properties=writer_properties(),
                         storage_options=self.storage_options or None,
                         commit_properties=self._props(batch_seq, **{"cdc.batch_id": batch_id}))
         if self.fail_hook:
@@ -609,7 +621,7 @@ class DeltaRsStateStore:
         reader = _aligned_reader(source, merge_source_schema(table), target)
         set_cols = {_quote(n): f"s.{_quote(n)}" for n in names}
         pred = " AND ".join(f"t.{k} = s.{k}" for k in MERGE_KEY)
-        (dt.merge(reader, pred, source_alias="s", target_alias="t",
+        (dt.merge(reader, pred, source_alias="s", target_alias="t", writer_properties=writer_properties(),
                   commit_properties=self._props(batch_seq))
            .when_matched_delete(f"s.{DELETE_FLAG}")
            .when_matched_update(set_cols)
@@ -712,7 +724,7 @@ class DeltaRsStateStore:
                                                              + [pa.field(DELETE_FLAG, pa.bool_())]))
         reader = _aligned_reader(source, source.schema, pa.schema([target.field(n) for n in names]))
         pred = " AND ".join(f"t.{k} = s.{k}" for k in MERGE_KEY)
-        (dt.merge(reader, pred, source_alias="s", target_alias="t",
+        (dt.merge(reader, pred, source_alias="s", target_alias="t", writer_properties=writer_properties(),
                   commit_properties=CommitProperties(custom_metadata={"cdc.maintenance": "purge"}))
            .when_matched_delete(f"s.{DELETE_FLAG}")
            .when_matched_update({**{_quote(n): f"s.{_quote(n)}" for n in names}, **{_quote(n): "NULL" for n in gone}})
@@ -724,7 +736,7 @@ class DeltaRsStateStore:
         dt = self._open(uri)
         if dt is None:
             return None
-        m = dt.optimize.compact()
+        m = dt.optimize.compact(writer_properties=writer_properties())
         vacuumed = dt.vacuum(retention_hours=vacuum_retention_hours, dry_run=False,
                              enforce_retention_duration=vacuum_retention_hours >= 168)
         return {"files_added": int(m.get("numFilesAdded", 0)), "files_removed": int(m.get("numFilesRemoved", 0)),
@@ -736,7 +748,7 @@ class DeltaRsStateStore:
         dt = self._open(self.events_uri())
         if dt is None:
             return 0
-        m = dt.delete(f"batch_seq <= {int(through_seq)}",
+        m = dt.delete(f"batch_seq <= {int(through_seq)}", writer_properties=writer_properties(),
                       commit_properties=CommitProperties(custom_metadata={"cdc.maintenance": "outbox retention"}))
         return int(m.get("num_deleted_rows", 0))
 
@@ -762,6 +774,7 @@ class DeltaRsStateStore:
                     yield b.cast(OUTBOX_SCHEMA)
         write_deltalake(self.events_uri(), pa.RecordBatchReader.from_batches(OUTBOX_SCHEMA, batches()),
                         mode="overwrite", schema_mode="overwrite", partition_by=[],
+                        writer_properties=writer_properties(),
                         storage_options=self.storage_options or None,
                         commit_properties=CommitProperties(custom_metadata={"cdc.maintenance": "outbox layout"}))
         return count[0]

@@ -44,6 +44,9 @@ DELTA_SESSION_CONF = {
     # Delta's catalog makes Spark create its warehouse directory, by default ./spark-warehouse in whatever
     # directory the driver runs in (an Airflow worker's). No managed table is ever kept: a fixed private place.
     "spark.sql.warehouse.dir": str(Path(tempfile.gettempdir()) / "cassandra-cdc-spark-warehouse"),
+    # Parquet as delta-rs writes it here (sinks.delta.PARQUET_COMPRESSION): zstd at level 1, not snappy
+    "spark.sql.parquet.compression.codec": "zstd",
+    "spark.hadoop.parquet.compression.codec.zstd.level": "1",
 }
 
 
