@@ -244,10 +244,9 @@ _EXTRA_META = [
     pa.field("_cdc_updated_batch", pa.int64()),
     pa.field(OLDEST_DELETION, pa.int64()),     # state.purge.oldest_deletion_time: lets a purge skip files
 ]
-# Columns Delta keeps file statistics of (min/max per file): what reads and purges filter on.
 # Parquet files of every table are written with zstd at level 1 (the Spark path too: ``spark.conf``). Against
 # delta-rs's default, snappy, a batch's outbox is 25 MB instead of 56 MB for the same writing CPU, the S3 server
-# takes half the CPU to store it and it reads back no slower (README, "Parquet compression").
+# takes half the CPU to store it and it reads back no slower (README, "Row state in Delta", "Writes").
 PARQUET_COMPRESSION, PARQUET_COMPRESSION_LEVEL = "ZSTD", 1
 
 
@@ -257,6 +256,7 @@ def writer_properties():
     return WriterProperties(compression=PARQUET_COMPRESSION, compression_level=PARQUET_COMPRESSION_LEVEL)
 
 
+# Columns Delta keeps file statistics of (min/max per file): what reads and purges filter on.
 STATS_PROPERTY = "delta.dataSkippingStatsColumns"
 STATS_COLUMNS = ("_cdc_token", "_cdc_next_expiry", "_cdc_updated_batch", OLDEST_DELETION)
 # Table property: the drops ({column: drop time, µs}) whose data a purge has removed from every record. A drop not
