@@ -5,7 +5,8 @@
   directories, comma-separated; without it, the jars ``scripts/setup.sh`` fetched into ``.jvm/lib/delta`` and
   ``.jvm/lib/s3a`` of this checkout. A cluster that has the jars installed can set ``spark_jars`` to ``none``.
 * **Delta** (``DELTA_SESSION_CONF``): the SQL extension and catalog, and tables that stay at reader/writer protocol
-  1/2 without deletion vectors, so that delta-rs, Polars and DuckDB (through Arrow) read what Spark writes.
+  1/2 without deletion vectors, so that delta-rs, Polars and DuckDB (through Arrow) read what Spark writes; Parquet
+  compressed with zstd, as delta-rs writes it (``sinks.delta.PARQUET_COMPRESSION``).
 * **S3** (``s3a_properties``): the store's endpoint, region and credentials as ``fs.s3a.*`` Hadoop settings, and
   back (``s3_settings_from_spark``): the job derives the options of fsspec and delta-rs from the same properties, so
   the credentials are handed over once. ``s3_timeout_s`` bounds s3a's requests as it bounds fsspec's and delta-rs's
