@@ -5,6 +5,7 @@ import re
 import socket
 import time
 import uuid
+from pathlib import Path
 
 import psutil
 import pytest
@@ -210,6 +211,11 @@ def test_deltalake_writes_and_reads_a_table_on_s3(s3_server, s3_bucket):
 
 
 def test_s3_server_process_is_gone_after_the_context_ends(tmp_path):
+    import tempfile
+
+    def weed_logs_in_tmp():
+        return {p.name for p in Path(tempfile.gettempdir()).glob("weed.*")}
+    before = weed_logs_in_tmp()
     with run_s3_server(tmp_path / "weed", bucket="solo") as server:
         fs = server.filesystem()
         fs.pipe("solo/k", b"v")
@@ -217,6 +223,8 @@ def test_s3_server_process_is_gone_after_the_context_ends(tmp_path):
         port = int(server.endpoint_url.rsplit(":", 1)[1])
     assert gone(server.pid)
     assert nothing_listens(port)
+    # its log files are in its own directory, not in the temporary directory for good
+    assert weed_logs_in_tmp() <= before and list((tmp_path / "weed").glob(f"weed.*.log.INFO.*.{server.pid}"))
 
 
 def test_s3_server_is_stopped_when_the_test_body_fails(tmp_path):

@@ -517,7 +517,8 @@ def run_s3_server(workdir: Path | None = None, bucket: str = "cdc-test", timeout
             ports = {name: free_port() for name in
                      ("master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc", "s3", "s3.grpc")}
             admin = _free_port_with_partner(10000)  # its worker dials admin http port + 10000, whatever we set
-            argv = [str(binary), "mini", f"-dir={data_dir}", f"-ip={LOOPBACK}", f"-ip.bind={LOOPBACK}",
+            argv = [str(binary), f"-logdir={workdir}",      # its log files, by default in the temporary directory
+                    "mini", f"-dir={data_dir}", f"-ip={LOOPBACK}", f"-ip.bind={LOOPBACK}",
                     *(_weed_port_flag(name, port) for name, port in ports.items()),
                     f"-admin.port={admin}", f"-admin.port.grpc={admin + 10000}", "-admin.ui=false",
                     "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
