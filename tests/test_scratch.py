@@ -77,10 +77,14 @@ def test_a_process_file_lives_as_long_as_its_process(tmpdir_):
     assert not Path(path).exists()                  # removed when the process exited
 
 
-def test_sweeps_are_spaced_out(tmpdir_, monkeypatch):
+def test_sweeps_of_kinds_made_many_times_are_spaced_out(tmpdir_, monkeypatch):
     calls = []
     monkeypatch.setattr(scratch, "sweep", lambda kind, directory=None: calls.append(kind) or [])
     for _ in range(3):
-        with scratch.private_dir("segment"):
+        with scratch.private_dir("segment", many=True):
             pass
     assert calls == ["segment"]                     # a task downloads many segments: one look at the directory
+    for _ in range(2):
+        with scratch.private_dir("spark-submit"):   # one per job: every job looks
+            pass
+    assert calls == ["segment", "spark-submit", "spark-submit"]

@@ -171,7 +171,7 @@ def segment_file(source: str, checksum: Optional[str], store_options: dict):
     from cdc_lib.storage.objects import VerificationError
 
     from .scratch import private_dir
-    with private_dir("segment") as directory:     # a killed task's copy is removed by the next one to make one
+    with private_dir("segment", many=True) as directory:  # a killed task's copy: removed by the next task
         path = os.path.join(directory, source.rsplit("/", 1)[-1])
         digest = hashlib.sha256()
         with fsspec.open(source, "rb", **store_options) as src, open(path, "wb") as out:
@@ -270,7 +270,7 @@ def sstable_directory(src: dict, store_options: dict):
     import shutil
 
     from .scratch import private_dir
-    with private_dir("sstable") as directory:
+    with private_dir("sstable", many=True) as directory:
         target = os.path.join(directory, *data["dir"].split("/"))
         os.makedirs(target)
         for f in src["files"]:

@@ -17,7 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-SWEEP_INTERVAL_S = 60.0     # a kind is swept at most this often by one process (a task makes one per segment)
+# Kinds a process makes many of (a task's segment copies: one per segment) are swept at most this often by it
+SWEEP_INTERVAL_S = 60.0
 _swept: dict = {}           # kind -> time.monotonic() of its last sweep in this process
 
 
@@ -65,24 +66,24 @@ def sweep(kind: str, directory: str | None = None) -> list:
     return removed
 
 
-def _sweep_now_and_then(kind: str) -> None:
+def _sweep_now_and_then(kind: str, interval_s: float) -> None:
     last = _swept.get(kind)
-    if last is None or time.monotonic() - last >= SWEEP_INTERVAL_S:
+    if last is None or time.monotonic() - last >= interval_s:
         _swept[kind] = time.monotonic()
         sweep(kind)
 
 
-def private_dir(kind: str) -> tempfile.TemporaryDirectory:
+def private_dir(kind: str, *, many: bool = False) -> tempfile.TemporaryDirectory:
     """A new directory only this user can enter (mode 0700), removed when its context ends; the leftovers of dead
-    processes of the same kind are removed first."""
-    _sweep_now_and_then(kind)
+    processes of the same kind are removed first (``many``: at most every ``SWEEP_INTERVAL_S``)."""
+    _sweep_now_and_then(kind, SWEEP_INTERVAL_S if many else 0.0)
     return tempfile.TemporaryDirectory(prefix=prefix(kind), ignore_cleanup_errors=True)
 
 
 def process_file(kind: str, suffix: str = "") -> Path:
     """A new empty file (mode 0600) kept while this process runs and removed when it exits; the leftovers of dead
     processes of the same kind are removed first."""
-    _sweep_now_and_then(kind)
+    _sweep_now_and_then(kind, 0.0)
     fd, name = tempfile.mkstemp(prefix=prefix(kind), suffix=suffix)
     os.close(fd)
     atexit.register(_remove, name)
