@@ -509,10 +509,7 @@ class LocalCassandra:
         """The Cassandra answering on the node's address and CQL port is this node (its commit-log directory),
         not another one that took the port first (other jobs on the machine start Cassandras too: a node of ours
         that lost the race exits, and the other one must not be taken for it). False while it cannot tell yet."""
-        from cassandra.cluster import Cluster
-        from cassandra.policies import WhiteListRoundRobinPolicy
-        cluster = Cluster([n.address], port=self.native_port, protocol_version=5, connect_timeout=10,
-                          load_balancing_policy=WhiteListRoundRobinPolicy([n.address]))
+        cluster = self._one_node_cluster(n, connect_timeout=10)
         try:
             rows = cluster.connect().execute("SELECT value FROM system_views.settings "
                                              "WHERE name = 'commitlog_directory'")
@@ -526,17 +523,23 @@ class LocalCassandra:
                                       f"is {theirs}, node {n.index}'s is {n.commitlog})\n{n.log_tail()}")
         return True
 
+    def _one_node_cluster(self, n: Node, **options):
+        """A cassandra-driver Cluster that talks to node ``n`` only (its load-balancing policy in the default
+        execution profile: the Cluster argument is the driver's deprecated form)."""
+        from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
+        from cassandra.policies import WhiteListRoundRobinPolicy
+        only_n = ExecutionProfile(load_balancing_policy=WhiteListRoundRobinPolicy([n.address]))
+        return Cluster([n.address], port=self.native_port, protocol_version=5,
+                       execution_profiles={EXEC_PROFILE_DEFAULT: only_n}, **options)
+
     def _wait_peers(self, deadline: float) -> None:
         """Every running node knows every other running one as a NORMAL peer (so RF = N writes at ALL work)."""
         running = [n for n in self.nodes if n.running()]
         if len(running) < 2:
             return
-        from cassandra.cluster import Cluster
-        from cassandra.policies import WhiteListRoundRobinPolicy
         for n in running:
             want = {m.address for m in running if m is not n}
-            cluster = Cluster([n.address], port=self.native_port, protocol_version=5,
-                              load_balancing_policy=WhiteListRoundRobinPolicy([n.address]))
+            cluster = self._one_node_cluster(n)
             try:
                 session = cluster.connect()
                 while True:
