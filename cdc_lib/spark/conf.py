@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Mapping, Optional
 
 from cdc_lib.errors import ConfigError
+from cdc_lib.sinks.delta import PARQUET_COMPRESSION, PARQUET_COMPRESSION_LEVEL
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOG4J2_CONFIG = Path(__file__).resolve().parent / "log4j2.properties"
@@ -45,9 +46,9 @@ DELTA_SESSION_CONF = {
     # Delta's catalog makes Spark create its warehouse directory, by default ./spark-warehouse in whatever
     # directory the driver runs in (an Airflow worker's). No managed table is ever kept: a fixed private place.
     "spark.sql.warehouse.dir": str(Path(tempfile.gettempdir()) / "cassandra-cdc-spark-warehouse"),
-    # Parquet as delta-rs writes it here (sinks.delta.PARQUET_COMPRESSION): zstd at level 1, not snappy
-    "spark.sql.parquet.compression.codec": "zstd",
-    "spark.hadoop.parquet.compression.codec.zstd.level": "1",
+    # Parquet as delta-rs writes it here (zstd at level 1, not Spark's snappy)
+    "spark.sql.parquet.compression.codec": PARQUET_COMPRESSION.lower(),
+    f"spark.hadoop.parquet.compression.codec.{PARQUET_COMPRESSION.lower()}.level": str(PARQUET_COMPRESSION_LEVEL),
 }
 
 

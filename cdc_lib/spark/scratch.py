@@ -17,6 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
+
 # Kinds a process makes many of (a task's segment copies: one per segment) are swept at most this often by it
 SWEEP_INTERVAL_S = 60.0
 _swept: dict = {}           # kind -> time.monotonic() of its last sweep in this process
@@ -36,16 +38,6 @@ def prefix(kind: str, pid: int | None = None) -> str:
     return f"cdc-{kind}-{_namespace()}-{os.getpid() if pid is None else pid}-"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:     # another user's process
-        return True
-    return True
-
-
 def sweep(kind: str, directory: str | None = None) -> list:
     """Remove the temporary files and directories of ``kind`` left by processes of this pid namespace that have
     died; returns their paths. Those of live processes, and any this user may not remove, are left."""
@@ -53,7 +45,7 @@ def sweep(kind: str, directory: str | None = None) -> list:
     removed = []
     for path in Path(directory or tempfile.gettempdir()).glob(f"{head}*"):
         pid = path.name[len(head):].split("-", 1)[0]
-        if not pid.isdigit() or _alive(int(pid)):
+        if not pid.isdigit() or psutil.pid_exists(int(pid)):     # another user's process counts as alive
             continue
         try:
             if path.is_dir() and not path.is_symlink():
