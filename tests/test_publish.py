@@ -138,6 +138,29 @@ def test_process_killed_at_any_step_then_rerun_publishes_each_event_once(kafka_b
     assert_exactly_once_in_order(kafka_broker, batch)
 
 
+@pytest.mark.parametrize("transactional", [False, True])
+def test_one_publisher_publishes_batch_after_batch_with_one_reading_client(kafka_broker, tmp_path, transactional):
+    # What a run of batches does (pipeline.steps._Batches): one publisher for all of them. Its reads (the intent's
+    # end offsets, the verification's watermarks and scans) share one consumer, assigned anew by each scan.
+    prefix = "cdc" + uuid.uuid4().hex[:8]
+    first = make_batch(prefix)
+    second = [OutboxEvent(f"ev2-{e.seq:04d}", e.topic, e.key, e.value, e.seq) for e in make_batch(prefix)]
+    pub = KafkaPublisher(kafka_broker, LocalLedgerStore(tmp_path), num_partitions=3,
+                         transactional_id=f"cdc-test-{uuid.uuid4().hex[:8]}" if transactional else None)
+    made = []
+    new_consumer = pub._new_consumer
+    pub._new_consumer = lambda: made.append(new_consumer()) or made[-1]
+    for batch_id, batch in (("seg-1", first), ("seg-2", second)):
+        result = pub.publish_batch(batch_id, batch)
+        assert (result.already_in_kafka, result.produced) == (0, len(batch))
+        assert pub.is_published(batch_id)
+    assert_exactly_once_in_order(kafka_broker, first + second)
+    assert len(made) == 1, "one consumer read for both batches"
+    pub.close()
+    with pytest.raises(RuntimeError):
+        made[0].assignment()        # closed with the publisher
+
+
 def test_crash_mid_batch_leaves_a_prefix_that_the_rerun_skips(kafka_broker, tmp_path):
     prefix = "cdc" + uuid.uuid4().hex[:8]
     batch = make_batch(prefix)

@@ -147,9 +147,9 @@ def record_metrics(store: ObjectStore, step: str, counters: dict,
 
 def _fold_metrics(store: ObjectStore, step: str, counters: dict, observations: dict[str, list[float]] | None) -> None:
     try:
-        m = store.get_json(METRICS_KEY) if store.exists(METRICS_KEY) else {}
-    except Exception:  # noqa: BLE001 - a broken metrics file must not stop the pipeline; it is rewritten
-        m = {}
+        m = store.get_json(METRICS_KEY)     # one request, not an existence check first (four steps per batch)
+    except Exception:  # noqa: BLE001 - none yet (ObjectNotFound), or a broken one that must not stop the pipeline:
+        m = {}          # it is written anew
     m.setdefault("totals", {})
     m.setdefault("last", {})
     m.setdefault("histograms", {})

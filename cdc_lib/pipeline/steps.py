@@ -534,9 +534,22 @@ def transactional_id(config: PipelineConfig) -> str:
     return f"{config.app_id}.{config.topic_prefix}.{config.cluster}"
 
 
-def publish(config: PipelineConfig, batch, *, fault: Fault = no_fault) -> Batch:
-    """Publish the batch's outbox to Kafka exactly once (``sinks.kafka.KafkaPublisher``)."""
+def publisher_for(config: PipelineConfig, store: ObjectStore, fault: Fault = no_fault):
+    """The ``sinks.kafka.KafkaPublisher`` of the pipeline's settings, its ledger in ``store``."""
     from cdc_lib.sinks.kafka import KafkaPublisher
+    hook = None if fault is no_fault else lambda point, **info: fault(f"publish:{point}")
+    return KafkaPublisher(config.kafka_bootstrap, store, ledger_prefix=Layout.LEDGER,
+                          num_partitions=config.kafka_partitions,
+                          replication_factor=config.kafka_replication_factor,
+                          topic_config=config.kafka_topic_config, client_config=config.kafka_config,
+                          transactional_id=transactional_id(config) if config.kafka_transactions else None,
+                          timeout_s=config.kafka_timeout_s, fault=hook)
+
+
+def publish(config: PipelineConfig, batch, *, fault: Fault = no_fault, publisher=None) -> Batch:
+    """Publish the batch's outbox to Kafka exactly once (``sinks.kafka.KafkaPublisher``). ``publisher``: one
+    from ``publisher_for`` with the same settings and fault, kept by the caller across batches (its clients'
+    connections, topics known and transactions started are then paid once); else one is made and closed here."""
     store = open_store(config)
     batch = reload_batch(store, batch)
     if batch.empty:
@@ -550,19 +563,15 @@ def publish(config: PipelineConfig, batch, *, fault: Fault = no_fault) -> Batch:
     t0 = time.monotonic()
     fault("publish:before")
     tally: dict = {"by_op": {}, "by_table": {}, "by_table_op": {}}
-    hook = None if fault is no_fault else lambda point, **info: fault(f"publish:{point}")
     # An event object per outbox row, all held until Kafka has them: acyclic, and the cyclic collector would only
     # rescan them.
     with gc_paused():
         events = _outbox_events(config, delta_root(config, store), batch, tally, codec)
-        publisher = KafkaPublisher(config.kafka_bootstrap, store, ledger_prefix=Layout.LEDGER,
-                                   num_partitions=config.kafka_partitions,
-                                   replication_factor=config.kafka_replication_factor,
-                                   topic_config=config.kafka_topic_config, client_config=config.kafka_config,
-                                   transactional_id=transactional_id(config) if config.kafka_transactions else None,
-                                   timeout_s=config.kafka_timeout_s,
-                                   fault=hook)
-        res = publisher.publish_batch(batch.batch_id, events)
+        if publisher is not None:
+            res = publisher.publish_batch(batch.batch_id, events)
+        else:
+            with publisher_for(config, store, fault) as own:
+                res = own.publish_batch(batch.batch_id, events)
         del events
     in_kafka = time.time()
     # Lag per segment, to its events in Kafka: from its close on the node (end_to_end_lag_seconds; clocks of node
@@ -674,7 +683,8 @@ class _Batches:
     publish and archive mostly the round trips to Kafka and the store; one after the other, each half leaves the
     machine idle while it waits. Only one batch is in flight, and it is finished before the next one publishes,
     so Kafka gets batches in order; claim leaves the in-flight batch's segments alone and, after a crash, resumes
-    the older unfinished batch first. Without it, each batch is finished before the next is claimed.
+    the older unfinished batch first. Without it, each batch is finished before the next is claimed. One Kafka
+    publisher serves all the batches: its clients connect, and its transactions start, once.
 
     Use as a context manager: on the way out the batch in flight finishes (its error is raised, unless one is
     already on its way out), and ``done`` holds the finished batches in order.
@@ -686,6 +696,7 @@ class _Batches:
         self._pool = (ThreadPoolExecutor(1, thread_name_prefix="cdc-publish") if config.overlap_batches
                       else None)
         self._in_flight: Optional[tuple] = None      # (batch, the future of its publish and archive)
+        self._publisher = None      # one for all the batches (``publisher_for``), made by the first publish
 
     def take(self) -> Batch:
         """Claim and transform the next batch, and publish and archive it (on the second thread: started, not
@@ -703,7 +714,10 @@ class _Batches:
         return batch
 
     def _finish(self, batch: Batch) -> Batch:
-        return archive(self.config, publish(self.config, batch, fault=self.fault), fault=self.fault)
+        if self._publisher is None:
+            self._publisher = publisher_for(self.config, open_store(self.config), self.fault)
+        batch = publish(self.config, batch, fault=self.fault, publisher=self._publisher)
+        return archive(self.config, batch, fault=self.fault)
 
     @property
     def in_flight(self) -> bool:
@@ -733,6 +747,8 @@ class _Batches:
         finally:
             if self._pool is not None:
                 self._pool.shutdown()
+            if self._publisher is not None:
+                self._publisher.close()
 
 
 def run_for(config: PipelineConfig, seconds: float, run_id: str = "", *, fault: Fault = no_fault, spark=None,

@@ -261,6 +261,7 @@ class KafkaPublisher:
             config["transactional.id"] = transactional_id
         self._producer = Producer(config)
         self._transactions_ready = False
+        self._reader = None         # the consumer of the reads (watermarks, scans): ``_consumer``
         self._known_topics: set = set()
         self._compacted_topics: set = set()
 
@@ -416,8 +417,14 @@ class KafkaPublisher:
                 self._producer.poll(0.1)
 
     def close(self) -> None:
-        """Deliver anything still queued (nothing, after a successful publish_batch)."""
-        self._producer.flush(self.timeout_s)
+        """Deliver anything still queued (nothing, after a successful publish_batch), and close the reads'
+        consumer."""
+        try:
+            self._producer.flush(self.timeout_s)
+        finally:
+            if self._reader is not None:
+                reader, self._reader = self._reader, None
+                reader.close()
 
     def __enter__(self) -> "KafkaPublisher":
         return self
@@ -479,6 +486,14 @@ class KafkaPublisher:
             return set(topics) if assumed else set()
 
     def _consumer(self):
+        """The consumer that reads watermarks and scans partitions, made once per publisher: a new client's first
+        request waits for its connection (about 55 ms against a local broker), and a batch reads three times.
+        It is only ever assigned partitions (no group membership, nothing committed)."""
+        if self._reader is None:
+            self._reader = self._new_consumer()
+        return self._reader
+
+    def _new_consumer(self):
         from confluent_kafka import Consumer
         return Consumer({
             **self._client_config,
@@ -521,11 +536,7 @@ class KafkaPublisher:
 
     def _end_offsets(self, topics) -> dict:
         consumer = self._consumer()
-        try:
-            return {(topic, p): self._watermarks(consumer, topic, p)[1]
-                    for topic, p in self._partitions(consumer, topics)}
-        finally:
-            consumer.close()
+        return {(topic, p): self._watermarks(consumer, topic, p)[1] for topic, p in self._partitions(consumer, topics)}
 
     def _scan(self, batch_id: str, topics, start: dict, only: Optional[set] = None) -> tuple:
         """Records of ``batch_id`` in Kafka from the ``start`` offsets (the intent's):
@@ -578,7 +589,7 @@ class KafkaPublisher:
                         pending.discard(where)
             return found, scanned_to
         finally:
-            consumer.close()
+            consumer.unassign()     # the next scan assigns its own start offsets; what was fetched is dropped
 
     def _verify(self, batch_id: str, batch: list, topics, start: dict, scanned: list, scanned_to: dict,
                 ours: list) -> None:
