@@ -567,12 +567,14 @@ def publish(config: PipelineConfig, batch, *, fault: Fault = no_fault, publisher
     # rescan them.
     with gc_paused():
         events = _outbox_events(config, delta_root(config, store), batch, tally, codec)
-        if publisher is not None:
+        own = publisher is None
+        publisher = publisher_for(config, store, fault) if own else publisher
+        try:
             res = publisher.publish_batch(batch.batch_id, events)
-        else:
-            with publisher_for(config, store, fault) as own:
-                res = own.publish_batch(batch.batch_id, events)
-        del events
+        finally:
+            del events
+            if own:
+                publisher.close(deliver=False)
     in_kafka = time.time()
     # Lag per segment, to its events in Kafka: from its close on the node (end_to_end_lag_seconds; clocks of node
     # and pipeline host both count) and from its arrival in the store (lag_seconds). A batch published before (a
@@ -748,7 +750,7 @@ class _Batches:
             if self._pool is not None:
                 self._pool.shutdown()
             if self._publisher is not None:
-                self._publisher.close()
+                self._publisher.close(deliver=False)    # each publish waited for Kafka to have its batch
 
 
 def run_for(config: PipelineConfig, seconds: float, run_id: str = "", *, fault: Fault = no_fault, spark=None,

@@ -416,11 +416,14 @@ class KafkaPublisher:
                 # Local queue full: let deliveries drain, then retry the same event (order is kept).
                 self._producer.poll(0.1)
 
-    def close(self) -> None:
+    def close(self, *, deliver: bool = True) -> None:
         """Deliver anything still queued (nothing, after a successful publish_batch), and close the reads'
-        consumer."""
+        consumer. ``deliver`` False: do not wait for the queue (publish_batch returns once Kafka has every event,
+        and a failed one has already purged or aborted what it sent: a flush could only wait on a broker that is
+        gone)."""
         try:
-            self._producer.flush(self.timeout_s)
+            if deliver:
+                self._producer.flush(self.timeout_s)
         finally:
             if self._reader is not None:
                 reader, self._reader = self._reader, None
