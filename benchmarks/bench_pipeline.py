@@ -301,6 +301,9 @@ def main(argv=None) -> int:
     p.add_argument("--driver-batch-max-mib", type=int, default=None,
                    help="driver_batch_max_bytes in MiB: batches up to this size run in the process, without Spark "
                         "(default: the setting's default)")
+    p.add_argument("--s3-volume-mb", type=int, default=1024,
+                   help="the embedded S3 server's volume size (demo.servers.run_s3_server): at 64, the tests' size, "
+                        "writes wait up to 1 s each time weed grows the bucket's next volume")
     p.add_argument("--no-overlap", dest="overlap", action="store_false",
                    help="overlap_batches off: each batch published and archived before the next is claimed")
     p.add_argument("--cluster", action="store_true",
@@ -348,7 +351,8 @@ def _measure(a, work: Path) -> int:
     pristine = work / "cassandra-copy"          # the agents delete what they ship: the cluster runs ship a copy
     shutil.copytree(work / "cassandra", pristine)
 
-    with run_kafka_broker(work / "kafka") as broker, run_s3_server(work / "weed", bucket="bench") as s3:
+    with run_kafka_broker(work / "kafka") as broker, \
+            run_s3_server(work / "weed", bucket="bench", volume_size_mb=a.s3_volume_mb) as s3:
         cfg = P.PipelineConfig(store_url="s3://bench/cdc", s3_endpoint_url=s3.endpoint_url,
                                s3_access_key=s3.access_key, s3_secret_key=s3.secret_key, cluster="bench",
                                schema_file=str(schema_file), kafka_bootstrap=broker.bootstrap, now=now,
