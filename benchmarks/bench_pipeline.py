@@ -2,7 +2,7 @@
 claim -> Spark job -> Kafka -> archive, on the embedded servers (SeaweedFS, Apache Kafka) and local Spark.
 
     .venv/bin/python benchmarks/bench_pipeline.py [--mutations 5000] [--max-segments 64] [--no-overlap]
-        [--airflow] [--cluster]
+        [--airflow] [--cluster] [--s3-volume-mb 1024]
     .venv/bin/python benchmarks/bench_pipeline.py --driver-memory 2000,8000
 
 Prints events/s end to end, the share of each step (Spark start-up, the Spark job, publish, archive), the

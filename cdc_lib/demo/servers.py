@@ -531,7 +531,8 @@ def run_s3_server(workdir: Path | None = None, bucket: str = "cdc-test", timeout
                     f"-admin.port={admin}", f"-admin.port.grpc={admin + 10000}", "-admin.ui=false",
                     "-webdav=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
                     "-master.telemetry=false",  # no network here; never phone home
-                    f"-master.volumeSizeLimitMB={volume_size_mb}", "-volume.preStopSeconds=0", f"-s3.config={config}", f"-bucket={bucket}",
+                    f"-master.volumeSizeLimitMB={volume_size_mb}", "-volume.preStopSeconds=0",
+                    f"-s3.config={config}", f"-bucket={bucket}",
                     f"-filer.localSocket={workdir}/f{attempt}.sock", f"-s3.localSocket={workdir}/s{attempt}.sock"]
             endpoint = f"http://{LOOPBACK}:{ports['s3']}"
             t0 = time.monotonic()
