@@ -32,8 +32,8 @@ from reference_model import visible_table as model_table
 
 from cdc_lib import pipeline as P
 from cdc_lib.agent.shipper import Agent
-from cdc_lib.pipeline import steps
 from cdc_lib.demo.workload import SAMPLE_SCHEMA_CQL, START_US, Workload, sample_schema, write_cluster_segments
+from cdc_lib.pipeline import steps
 from cdc_lib.settings import AgentConfig
 from cdc_lib.sinks.delta import read_outbox
 from cdc_lib.storage.layout import Layout
