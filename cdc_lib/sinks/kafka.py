@@ -490,7 +490,8 @@ class KafkaPublisher:
 
     def _consumer(self):
         """The consumer that reads watermarks and scans partitions, made once per publisher: a new client's first
-        request waits for its connection (about 55 ms against a local broker), and a batch reads three times.
+        request waits for its connection (about 55 ms against a local broker), and a batch reads two or three times
+        (the intent's end offsets, the verification's, and with transactions a scan past the commit markers).
         It is only ever assigned partitions (no group membership, nothing committed)."""
         if self._reader is None:
             self._reader = self._new_consumer()
