@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import os
 import random
 import uuid
 from unittest import mock
@@ -253,3 +254,43 @@ def test_a_table_with_a_column_mask_runs_in_python_and_its_events_are_masked():
     assert events.select(list(EVENT_FIELDS)).to_pylist() == want and want
     shown = [json.loads(e["event_json"])["after"] for e in want if json.loads(e["event_json"])["after"]]
     assert shown and all(row[regular.name] is None for row in shown)
+
+
+def _key_log(pairs, chunk: int) -> pa.Table:
+    """A cell log holding only (partition key, token) pairs, in record batches of ``chunk`` records."""
+    t = pa.table({"partition_key": pa.array([k for k, _ in pairs], pa.binary()),
+                  "token": pa.array([tok for _, tok in pairs], pa.int64())})
+    return pa.Table.from_batches(t.to_batches(max_chunksize=chunk), schema=t.schema)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.binary(max_size=3), st.integers(-3, 3)), max_size=60), st.integers(1, 7))
+def test_partition_keys_are_the_distinct_partitions_in_publish_order(pairs, chunk):
+    """The partitions a batch reads the stored records of: each (token, key) once, by token then key bytes, on
+    both paths; the token range is small so that keys share tokens (as two keys can in Cassandra), and the records
+    arrive in several record batches."""
+    want = sorted({(tok, k) for k, tok in pairs})
+    for mode in ("1", "0"):
+        with mock.patch.dict(os.environ, {"CASSANDRA_CDC_NATIVE": mode}):
+            keys, tokens = native.partition_keys(_key_log(pairs, chunk))
+        assert keys.type == pa.binary() and tokens.type == pa.int64(), mode
+        assert list(zip(tokens.to_pylist(), keys.to_pylist())) == want, mode
+
+
+def test_partition_keys_are_the_partitions_the_compiled_engine_processes_in_its_order():
+    """On a property-test workload (three replicas of each mutation, in several record batches) the keys are the
+    compiled engine's partitions in its publish order."""
+    _, table, batches = _batches(11, False)
+    records = [r for batch in batches for j, m in enumerate(batch) for r in mutation_records(m, j)]
+    log = pa.Table.from_batches(pa.Table.from_pylist(records, schema=CELL_LOG_SCHEMA).to_batches(max_chunksize=7))
+    keys, tokens = native.partition_keys(log)
+    tb = native.process_table(table, log, pa.Table.from_pylist([], schema=STATE_SCHEMA), 100,
+                              state_schema=merge_source_schema(table))
+    assert len(keys) == len({r["partition_key"] for r in records}) > 1
+    assert keys.to_pylist() == tb.keys.to_pylist() and tokens.to_pylist() == tb.tokens.to_pylist()
+
+
+def test_a_null_partition_key_is_an_error_naming_the_record():
+    log = pa.table({"partition_key": pa.array([b"a", None], pa.binary()), "token": pa.array([1, 2], pa.int64())})
+    with pytest.raises(ValueError, match="chunk 0, record 1: a null partition key"):
+        native.partition_keys(log)

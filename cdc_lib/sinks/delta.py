@@ -1018,8 +1018,7 @@ def _run_store_batch_native(store, schema, cell_log_batches, *, batch_id, batch_
     for tid, table in sorted(tables.items(), key=lambda kv: table_order(kv[1])):
         # a batch of one table's records is that table's cell log as it is (a filter would copy every column)
         cells = log_table if table_ids == [tid] else log_table.filter(pc.equal(log_table.column("table_id"), tid))
-        keys = pc.unique(cells.column("partition_key"))
-        tokens = pc.unique(cells.column("token"))
+        keys, tokens = native_state.partition_keys(cells)
         expiring = []
         if sweeping:
             due = pa.array(store.expiring_keys(table, prev_now, now), pa.binary())

@@ -136,7 +136,7 @@ fn slice_of(b: &PyBuffer<u8>) -> &[u8] {
 
 /// What `cdc_lib` expects of this module: bumped whenever a class or function changes, so that a module built
 /// from older sources is not used by newer Python code (`cdc_lib.celllog.native`).
-const API: u32 = 3;
+const API: u32 = 4;
 
 const EV_END: u8 = 0;
 const EV_BATCH: u8 = 1;
@@ -567,6 +567,22 @@ fn process_table<'py>(py: Python<'py>, table_desc: &Bound<'py, PyAny>, cell_log:
     Ok(d)
 }
 
+/// The distinct partitions of a table's cell-log records in publish order (see
+/// `cdc_lib.state.native.partition_keys`): (binary keys as an `out_spec`, their int64 tokens).
+#[pyfunction]
+fn partition_keys<'py>(py: Python<'py>, pks: &Bound<'py, PyAny>, tokens: &Bound<'py, PyAny>)
+                       -> PyResult<(Py<PyAny>, Py<PyAny>)> {
+    let import = |chunks: &Bound<'py, PyAny>| {
+        chunks.try_iter()?.map(|c| import_array(&c?)).collect::<PyResult<Vec<_>>>()
+    };
+    let (pks, tokens) = (import(pks)?, import(tokens)?);
+    let cols = |e: &[Exported<'_>]| e.iter().map(|e| e.col.clone()).collect::<Vec<Col>>();
+    let (pk_cols, token_cols) = (cols(&pks), cols(&tokens));
+    let (keys, toks) = py.detach(|| state::driver::partition_keys(&pk_cols, &token_cols))
+        .map_err(PyValueError::new_err)?;
+    Ok((out_spec(py, keys)?, buf(py, BufData::I64(toks))?))
+}
+
 #[pymodule]
 fn cdc_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Decoder>()?;
@@ -575,6 +591,7 @@ fn cdc_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(token, m)?)?;
     m.add_function(wrap_pyfunction!(mutation_id, m)?)?;
     m.add_function(wrap_pyfunction!(process_table, m)?)?;
+    m.add_function(wrap_pyfunction!(partition_keys, m)?)?;
     m.add("EV_END", EV_END)?;
     m.add("EV_BATCH", EV_BATCH)?;
     m.add("EV_DAMAGE", EV_DAMAGE)?;

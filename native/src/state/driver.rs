@@ -568,6 +568,66 @@ fn partitions<'a>(log: &CellLog<'a>) -> (Vec<Part<'a>>, Vec<Rid>) {
     (order, sorted.into_iter().map(|x| Rid::unpack(x.1)).collect())
 }
 
+/// The distinct partitions of a table's cell-log records, in publish order (token, then key): the partitions a
+/// batch reads the stored records of before `process_table`, which gives them in the same order. `pks`, `tokens`:
+/// the record batches' `partition_key` (binary) and `token` (int64) columns. One sort of (token, place), as
+/// `partitions` sorts, instead of a hash set of every record's key and another of its token.
+pub fn partition_keys(pks: &[Col], tokens: &[Col]) -> Result<(Out, Vec<i64>), String> {
+    if pks.len() != tokens.len() {
+        return Err(format!("{} partition_key chunks against {} token chunks", pks.len(), tokens.len()));
+    }
+    let mut sorted: Vec<(i64, u64)> = Vec::with_capacity(pks.iter().map(|c| c.len).sum());
+    for (c, (pk, tk)) in pks.iter().zip(tokens).enumerate() {
+        pk.expect("z")?;
+        tk.expect("l")?;
+        if pk.len != tk.len {
+            return Err(format!("chunk {c}: {} partition keys against {} tokens", pk.len, tk.len));
+        }
+        for row in 0..pk.len {
+            if !pk.valid(row) || !tk.valid(row) {
+                return Err(format!("chunk {c}, record {row}: a null partition key or token"));
+            }
+            sorted.push((tk.i64(row), Rid { chunk: c as u32, row: row as u32 }.packed()));
+        }
+    }
+    sorted.sort_unstable();
+    let pk = |x: &(i64, u64)| {
+        let r = Rid::unpack(x.1);
+        pks[r.chunk as usize].bytes(r.row as usize)
+    };
+    let mut keys = Out::var();
+    let mut out_tokens = Vec::new();
+    let mut same: Vec<&[u8]> = Vec::new();
+    let mut i = 0;
+    while i < sorted.len() {
+        // the keys' bytes are read in token order, scattered over the batches: asked for ahead
+        for (ahead, data) in [(16, false), (8, true)] {
+            if let Some(x) = sorted.get(i + ahead) {
+                let r = Rid::unpack(x.1);
+                let col = &pks[r.chunk as usize];
+                if data { col.prefetch_data(r.row as usize) } else { col.prefetch(r.row as usize) }
+            }
+        }
+        let token = sorted[i].0;
+        let end = i + sorted[i..].iter().take_while(|x| x.0 == token).count();
+        let first = pk(&sorted[i]);
+        same.clear();
+        same.push(first);
+        // another key with the same token is rare: the run's records are then sorted by key
+        same.extend(sorted[i + 1..end].iter().map(pk).filter(|k| *k != first));
+        if same.len() > 1 {
+            same.sort_unstable();
+            same.dedup();
+        }
+        for k in &same {
+            keys.bytes(k);
+            out_tokens.push(token);
+        }
+        i = end;
+    }
+    Ok((keys, out_tokens))
+}
+
 /// One table's batch. `cell_log`: the table's records (record batches of `CELL_LOG_SCHEMA`); `stored`: the stored records of every
 /// partition the batch touches (`STATE_SCHEMA`); `expiring`: partitions to sweep that have no records.
 pub fn process_table(t: &mut Table, cell_log: &[Col], stored: &Col, expiring: &[Vec<u8>], s: &Settings)
