@@ -159,8 +159,8 @@ def process_table(table, cell_log, stored: pa.Table, now: int, *, state_schema: 
 
 def partition_keys(cell_log) -> tuple:
     """The distinct partitions of a table's cell-log records (a table or batch with ``partition_key`` and
-    ``token``), in publish order (``batch.partition_order``: token, then key): (binary keys, int64 tokens), what
-    a batch reads the stored records of. A key's token is given once per key, so keys sharing a token share it.
+    ``token``), in publish order (``batch.partition_order``: token, then key): (binary keys, int64 tokens, one
+    per key: keys that share a token each carry it), the partitions a batch reads the stored records of.
 
     Compiled where the engine runs (one sort of the records, as ``process_table`` groups them): hashing every
     record's key and token into sets, as ``pyarrow.compute.unique`` does, took a tenth of a 1M-change batch's

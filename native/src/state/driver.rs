@@ -613,7 +613,7 @@ pub fn partition_keys(pks: &[Col], tokens: &[Col]) -> Result<(Out, Vec<i64>), St
         let first = pk(&sorted[i]);
         same.clear();
         same.push(first);
-        // another key with the same token is rare: the run's records are then sorted by key
+        // another key with the same token is rare: the run's keys are then sorted and each kept once
         same.extend(sorted[i + 1..end].iter().map(pk).filter(|k| *k != first));
         if same.len() > 1 {
             same.sort_unstable();
