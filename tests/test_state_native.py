@@ -294,3 +294,30 @@ def test_a_null_partition_key_is_an_error_naming_the_record():
     log = pa.table({"partition_key": pa.array([b"a", None], pa.binary()), "token": pa.array([1, 2], pa.int64())})
     with pytest.raises(ValueError, match="chunk 0, record 1: a null partition key"):
         native.partition_keys(log)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_column_and_table_names_that_need_escaping_give_the_python_engines_events(seed):
+    """Quoted CQL identifiers may hold quotes and backslashes: the compiled engine writes each name's repr (what
+    the event id hashes) and its JSON once per table, escaped as Python escapes them, and its events and rows are
+    the Python engine's."""
+    rng = random.Random(seed)
+    table = make_table(rng, counter=seed % 3 == 0)
+    forms = ["it's {}", 'say "{}"', "back\\{}", "both'\"{}", "{}"]
+    renamed = {n: (n if n == "st" else forms[i % len(forms)].format(n)) for i, n in enumerate(table.columns)}
+    cols = {renamed[n]: dataclasses.replace(c, name=renamed[n]) for n, c in table.columns.items()}
+    odd = TableMetadata('k"s\\', "t'1", table.id, [cols[renamed[c.name]] for c in table.partition_key],
+                        [cols[renamed[c.name]] for c in table.clustering], cols, flags=table.flags)
+    gen = Gen(rng, odd)
+    mutations = [gen.mutation() for _ in range(30)]
+    batches = [[Mutation(m.updates, "CommitLog-7-1.log", 1, 100 + i, mutation_id=m.mutation_id)
+                for i, m in enumerate(mutations[a:a + 10])] for a in range(0, 30, 10)]
+    calls = []
+    real = native.process_table
+
+    def spy(*a, **k):
+        calls.append(real(*a, **k))
+        return calls[-1]
+    with mock.patch.object(native, "process_table", spy):
+        seen = compare_batches(odd, batches, rng, threads=1, label=f"escaped names, seed {seed}")
+    assert seen["events"] > 0 and calls and not any(tb.python for tb in calls)

@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 
 use super::key::{self, Key, KeyRef};
 use super::table::{ColId, Role, Table};
-use super::text::{json_str, push_hex, push_i128, push_i64, repr_ascii_str, repr_bytes};
+use super::text::{json_str, push_hex, push_i128, push_i64, repr_bytes};
 use super::out::Events;
 use super::types::{self, Doubt, Ty, D};
 
@@ -841,10 +841,7 @@ impl<'a> Emitter<'a> {
         json_str(ej, self.ctx.cluster);
         ej.push_str(",\"node\":");
         json_str(ej, self.ctx.node);
-        ej.push_str(",\"keyspace\":");
-        json_str(ej, &t.keyspace);
-        ej.push_str(",\"table\":");
-        json_str(ej, &t.name);
+        ej.push_str(&t.source_names_json);
         ej.push_str(",\"segment\":");
         match source {
             Some((seg, _)) => json_str(ej, std::str::from_utf8(seg).map_err(|_| Doubt)?),
@@ -877,7 +874,7 @@ impl<'a> Emitter<'a> {
                     ej.push(',');
                 }
                 first = false;
-                json_str(ej, t.name_of(*col));
+                ej.push_str(t.json_name(*col));
             }
         }
         ej.push_str("]}");
@@ -939,8 +936,7 @@ fn key_json(out: &mut String, t: &Table, pk: &[u8], key: &RowKey) -> D<()> {
         if i > 0 {
             out.push(',');
         }
-        json_str(out, t.name_of(*col));
-        out.push(':');
+        out.push_str(&t.c(*col).json_key);
         key_col_json(out, t, pk, key, *col)?;
     }
     out.push('}');
@@ -1020,8 +1016,7 @@ fn row_json(out: &mut String, t: &Table, pk: &[u8], key: &RowKey, imgs: Option<&
             out.push(',');
         }
         let c = t.c(*col);
-        json_str(out, &c.name);
-        out.push(':');
+        out.push_str(&c.json_key);
         match c.role {
             Role::PartitionKey | Role::Clustering => key_col_json(out, t, pk, key, *col)?,
             role => {
@@ -1092,7 +1087,8 @@ impl ReprTuple {
 }
 
 fn repr_name(out: &mut String, t: &Table, col: ColId) -> D<()> {
-    repr_ascii_str(out, t.name_of(col)).ok_or(Doubt)
+    out.push_str(t.c(col).repr.as_deref().ok_or(Doubt)?);
+    Ok(())
 }
 
 /// The start of a `(column name, ...)` item of `tup`; the caller writes the rest and the `)`.
@@ -1216,7 +1212,7 @@ pub fn event_id(t: &Table, pk: &[u8], key: &RowKey, op: u8, ts_us: i64, expired:
     }
     s.clear();
     s.push('(');
-    repr_ascii_str(s, &t.id_str).ok_or(Doubt)?;
+    s.push_str(t.id_repr.as_deref().ok_or(Doubt)?);
     s.push_str(", ");
     repr_bytes(s, pk);
     s.push_str(", ");

@@ -24,6 +24,10 @@ pub enum Role {
 
 pub struct Column {
     pub name: String,
+    /// the name as Python's `repr` gives it (None: not printable ASCII, see `Table::repr_ok`), and as a JSON
+    /// object key with its colon: written once here, not for every event
+    pub repr: Option<String>,
+    pub json_key: String,
     pub ty: Option<Ty>,
     pub role: Role,
     /// in `table.columns` (current)
@@ -39,8 +43,12 @@ pub struct Column {
 
 pub struct Table {
     pub id_str: String,
+    /// `repr(id_str)` (None: not printable ASCII)
+    pub id_repr: Option<String>,
     pub keyspace: String,
     pub name: String,
+    /// `,"keyspace":...,"table":...` as an event's source gives them
+    pub source_names_json: String,
     pub cols: Vec<Column>,
     by_name: FxMap<Vec<u8>, ColId>,
     pub pk: Vec<ColId>,
@@ -68,8 +76,11 @@ pub struct ColumnDesc {
 impl Table {
     pub fn new(id_str: String, keyspace: String, name: String, columns: Vec<ColumnDesc>,
                dropped: Vec<(String, Ty, i64)>) -> Table {
-        let mut t = Table { id_str, keyspace, name, cols: Vec::new(), by_name: FxMap::default(), pk: Vec::new(),
-                            ck: Vec::new(), value_cols: Vec::new(), typed_cols: Vec::new(), change_plan: Vec::new(),
+        let id_repr = repr_of(&id_str);
+        let source_names_json = format!(",\"keyspace\":{},\"table\":{}", json_of(&keyspace), json_of(&name));
+        let mut t = Table { id_str, id_repr, source_names_json, keyspace, name, cols: Vec::new(),
+                            by_name: FxMap::default(), pk: Vec::new(), ck: Vec::new(), value_cols: Vec::new(),
+                            typed_cols: Vec::new(), change_plan: Vec::new(),
                             repr_ok: true, recent: [ColId::MAX; 4] };
         let drop_times: HashMap<String, i64> = dropped.iter().map(|(n, _, t)| (n.clone(), *t)).collect();
         for c in columns {
@@ -88,8 +99,10 @@ impl Table {
             let complex = c.ty.is_multicell();
             let list = matches!(c.ty, Ty::List(..)) && complex;
             t.by_name.insert(c.name.as_bytes().to_vec(), id);
-            t.cols.push(Column { drop_time: drop_times.get(&c.name).copied(), name: c.name, ty: Some(c.ty), role: c.role,
-                                 current: true, counter, complex, list, reversed: c.reversed });
+            let (repr, json_key) = (repr_of(&c.name), json_key_of(&c.name));
+            t.cols.push(Column { drop_time: drop_times.get(&c.name).copied(), name: c.name, repr, json_key,
+                                 ty: Some(c.ty), role: c.role, current: true, counter, complex, list,
+                                 reversed: c.reversed });
         }
         for (name, ty, time) in dropped {
             if t.by_name.contains_key(name.as_bytes()) {
@@ -97,15 +110,15 @@ impl Table {
             }
             let id = t.cols.len() as ColId;
             t.by_name.insert(name.as_bytes().to_vec(), id);
-            t.cols.push(Column { name, counter: ty == Ty::Counter, complex: ty.is_multicell(), ty: Some(ty),
-                                 role: Role::Dropped, current: false, drop_time: Some(time), list: false,
+            let (repr, json_key) = (repr_of(&name), json_key_of(&name));
+            t.cols.push(Column { name, repr, json_key, counter: ty == Ty::Counter, complex: ty.is_multicell(),
+                                 ty: Some(ty), role: Role::Dropped, current: false, drop_time: Some(time), list: false,
                                  reversed: false });
         }
         let mut rest: Vec<ColId> = t.typed_cols.clone();
         rest.sort_by(|a, b| t.cols[*a as usize].name.cmp(&t.cols[*b as usize].name));
         t.value_cols = t.pk.iter().chain(&t.ck).chain(&rest).copied().collect();
-        t.repr_ok = crate::state::text::repr_ascii_str(&mut String::new(), &t.id_str).is_some()
-            && t.cols.iter().all(|c| crate::state::text::repr_ascii_str(&mut String::new(), &c.name).is_some());
+        t.repr_ok = t.id_repr.is_some() && t.cols.iter().all(|c| c.repr.is_some());
         t
     }
 
@@ -122,12 +135,13 @@ impl Table {
         }
         let id = self.cols.len() as ColId;
         let name_s = String::from_utf8_lossy(name).into_owned();
-        if crate::state::text::repr_ascii_str(&mut String::new(), &name_s).is_none() || name_s.as_bytes() != name {
+        let (repr, json_key) = (repr_of(&name_s), json_key_of(&name_s));
+        if repr.is_none() || name_s.as_bytes() != name {
             self.repr_ok = false;
         }
         self.by_name.insert(name.to_vec(), id);
-        self.cols.push(Column { name: name_s, ty: None, role: Role::Unknown, current: false, drop_time: None,
-                                counter: false, complex: false, list: false, reversed: false });
+        self.cols.push(Column { name: name_s, repr, json_key, ty: None, role: Role::Unknown, current: false,
+                                drop_time: None, counter: false, complex: false, list: false, reversed: false });
         id
     }
 
@@ -144,4 +158,25 @@ impl Table {
     pub fn name_of(&self, id: ColId) -> &str {
         &self.cols[id as usize].name
     }
+
+    /// A column's name as a JSON string (its `json_key` without the colon).
+    pub fn json_name(&self, id: ColId) -> &str {
+        let k = &self.cols[id as usize].json_key;
+        &k[..k.len() - 1]
+    }
+}
+
+fn repr_of(s: &str) -> Option<String> {
+    let mut out = String::new();
+    crate::state::text::repr_ascii_str(&mut out, s).map(|_| out)
+}
+
+fn json_of(s: &str) -> String {
+    let mut out = String::new();
+    crate::state::text::json_str(&mut out, s);
+    out
+}
+
+fn json_key_of(s: &str) -> String {
+    json_of(s) + ":"
 }
