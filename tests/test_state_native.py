@@ -10,6 +10,7 @@ back. A table with a column mask never reaches the compiled engine (it does not 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -174,8 +175,9 @@ def test_a_batch_of_a_few_wide_partitions_is_spread_over_the_threads_and_joins_a
     assert [p for p, _ in itertools.groupby(two.events.column("partition").to_pylist())] == [0, 1, 2]
 
 
-def test_the_comparison_sees_events_and_rows_from_the_compiled_engine():
-    """The workloads give the compiled engine real work: events and rows, not partitions handed back."""
+@contextlib.contextmanager
+def compiled_calls():
+    """The compiled engine's answers (``TableBatch``) while the block runs, in a list."""
     calls = []
     real = native.process_table
 
@@ -183,6 +185,12 @@ def test_the_comparison_sees_events_and_rows_from_the_compiled_engine():
         calls.append(real(*a, **k))
         return calls[-1]
     with mock.patch.object(native, "process_table", spy):
+        yield calls
+
+
+def test_the_comparison_sees_events_and_rows_from_the_compiled_engine():
+    """The workloads give the compiled engine real work: events and rows, not partitions handed back."""
+    with compiled_calls() as calls:
         seen = [compare_engines(seed) for seed in range(8)]
     assert sum(s["events"] for s in seen) > 100 and sum(s["rows"] for s in seen) > 100
     assert sum(tb.events.num_rows for tb in calls) == sum(s["events"] for s in seen)
@@ -314,12 +322,6 @@ def test_column_and_table_names_that_need_escaping_give_the_python_engines_event
     logged = [Mutation(m.updates, "CommitLog-7-1.log", 1, 100 + i, mutation_id=m.mutation_id)
               for i, m in enumerate(mutations)]
     batches = [logged[a:a + 10] for a in range(0, 30, 10)]
-    calls = []
-    real = native.process_table
-
-    def spy(*a, **k):
-        calls.append(real(*a, **k))
-        return calls[-1]
-    with mock.patch.object(native, "process_table", spy):
+    with compiled_calls() as calls:
         seen = compare_batches(odd, batches, rng, threads=1, label=f"escaped names, seed {seed}")
     assert seen["events"] > 0 and calls and not any(tb.python for tb in calls)
