@@ -1,4 +1,5 @@
 """Shared pytest fixtures."""
+import logging
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,20 @@ def corpus() -> Path:
     if not CORPUS.is_dir():
         pytest.fail(f"corpus not found at {CORPUS}: clone/copy `shared/` next to the repository")
     return CORPUS
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _root_logger_as_the_session_found_it():
+    """Airflow configures logging when a test first imports it in this process: a handler on the root logger that
+    writes to the stream ``sys.stdout`` was then (pytest's capture, closed when the session ends). Handlers added
+    during the session go at its end, so that a record logged at interpreter exit (py4j closing its gateway:
+    "Closing down clientserver connection") meets no closed stream ("--- Logging error ---" after the summary)."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for h in [h for h in root.handlers if h not in handlers]:
+        root.removeHandler(h)
+    root.setLevel(level)
 
 
 # Real servers for tests (Apache Kafka, SeaweedFS S3, Apicurio Registry on 127.0.0.1, stopped by PID): see
