@@ -110,11 +110,6 @@ impl<'a> CellLog<'a> {
         Ok(CellLog { chunks: chunks.iter().map(LogChunk::new).collect::<Result<_, _>>()? })
     }
 
-    /// Every record, in order.
-    fn rids(&self) -> impl Iterator<Item = Rid> + '_ {
-        self.chunks.iter().enumerate().flat_map(|(c, ch)| (0..ch.pk.len as u32).map(move |row| Rid { chunk: c as u32, row }))
-    }
-
     #[inline]
     fn at(&self, r: Rid) -> (&LogChunk<'a>, usize) {
         (&self.chunks[r.chunk as usize], r.row as usize)
@@ -128,16 +123,6 @@ impl<'a> CellLog<'a> {
     fn source_key(&self, r: Rid) -> (i64, i64, &'a [u8], i32, i32) {
         let (c, i) = self.at(r);
         c.source_key(i)
-    }
-
-    fn pk(&self, r: Rid) -> &'a [u8] {
-        let (c, i) = self.at(r);
-        c.pk.bytes(i)
-    }
-
-    fn token(&self, r: Rid) -> i64 {
-        let (c, i) = self.at(r);
-        c.token.i64(i)
     }
 
     fn rec(&self, t: &Table, r: Rid) -> Option<Rec<'a>> {
@@ -165,16 +150,6 @@ impl<'a> CellLog<'a> {
         for col in c.columns() {
             col.prefetch_data(i);
         }
-    }
-
-    fn prefetch_pk(&self, r: Rid) {
-        let (c, i) = self.at(r);
-        c.pk.prefetch(i);
-    }
-
-    fn prefetch_pk_data(&self, r: Rid) {
-        let (c, i) = self.at(r);
-        c.pk.prefetch_data(i);
     }
 }
 
@@ -536,18 +511,38 @@ fn process_partition(em: &Emitter, pk: &[u8], recs: &[Rec], prior: Option<&Parti
 /// sorted so that a partition's records are one run of it, in cell-log order (replica copies are dropped per
 /// partition, by the thread that runs it: `partition_records`).
 fn partitions<'a>(log: &CellLog<'a>) -> (Vec<Part<'a>>, Vec<Rid>) {
-    let mut sorted: Vec<(i64, u64)> = log.rids().map(|r| (log.token(r), r.packed())).collect();
+    let pks: Vec<&Col> = log.chunks.iter().map(|c| c.pk).collect();
+    let tokens: Vec<&Col> = log.chunks.iter().map(|c| c.token).collect();
+    group_partitions(&pks, &tokens)
+}
+
+/// `partitions` of records given by their record batches' `partition_key` and `token` columns (one of each per
+/// batch, of equal lengths): one sort of (token, place), then each run of a token split by key.
+fn group_partitions<'a>(pks: &[&'a Col], tokens: &[&Col]) -> (Vec<Part<'a>>, Vec<Rid>) {
+    let mut sorted: Vec<(i64, u64)> = Vec::with_capacity(tokens.iter().map(|c| c.len).sum());
+    for (c, tk) in tokens.iter().enumerate() {
+        sorted.extend((0..tk.len).map(|row| (tk.i64(row), Rid { chunk: c as u32, row: row as u32 }.packed())));
+    }
     sorted.sort_unstable();
-    let pk = |x: &(i64, u64)| log.pk(Rid::unpack(x.1));
+    let at = |x: &(i64, u64)| {
+        let r = Rid::unpack(x.1);
+        (pks[r.chunk as usize], r.row as usize)
+    };
+    let pk = |x: &(i64, u64)| {
+        let (col, row) = at(x);
+        col.bytes(row)
+    };
     let mut order: Vec<Part> = Vec::with_capacity(sorted.len());
     let mut i = 0;
     while i < sorted.len() {
-        // the keys' bytes are read in token order, scattered over the cell log: asked for ahead
+        // the keys' bytes are read in token order, scattered over the record batches: asked for ahead
         if let Some(x) = sorted.get(i + 16) {
-            log.prefetch_pk(Rid::unpack(x.1));
+            let (col, row) = at(x);
+            col.prefetch(row);
         }
         if let Some(x) = sorted.get(i + 8) {
-            log.prefetch_pk_data(Rid::unpack(x.1));
+            let (col, row) = at(x);
+            col.prefetch_data(row);
         }
         let token = sorted[i].0;
         let end = i + sorted[i..].iter().take_while(|x| x.0 == token).count();
@@ -568,64 +563,39 @@ fn partitions<'a>(log: &CellLog<'a>) -> (Vec<Part<'a>>, Vec<Rid>) {
     (order, sorted.into_iter().map(|x| Rid::unpack(x.1)).collect())
 }
 
+/// The partitions `order` as Arrow buffers: (binary keys, their tokens). The keys' bytes are scattered over the
+/// cell log, so they are asked for ahead.
+fn keys_and_tokens(order: &[Part]) -> (Out, Vec<i64>) {
+    let mut keys = Out::var_with_capacity(order.len(), order.iter().map(|p| p.pk.len()).sum());
+    for (i, p) in order.iter().enumerate() {
+        if let Some(ahead) = order.get(i + 8) {
+            prefetch_line(ahead.pk.as_ptr());
+        }
+        keys.bytes(p.pk);
+    }
+    (keys, order.iter().map(|p| p.token).collect())
+}
+
 /// The distinct partitions of a table's cell-log records, in publish order (token, then key): the partitions a
 /// batch reads the stored records of before `process_table`, which gives them in the same order. `pks`, `tokens`:
-/// the record batches' `partition_key` (binary) and `token` (int64) columns. One sort of (token, place), as
-/// `partitions` sorts, instead of a hash set of every record's key and another of its token.
+/// the record batches' `partition_key` (binary) and `token` (int64) columns. The grouping `process_table` does
+/// (`group_partitions`), instead of a hash set of every record's key and another of its token.
 pub fn partition_keys(pks: &[Col], tokens: &[Col]) -> Result<(Out, Vec<i64>), String> {
     if pks.len() != tokens.len() {
         return Err(format!("{} partition_key chunks against {} token chunks", pks.len(), tokens.len()));
     }
-    let mut sorted: Vec<(i64, u64)> = Vec::with_capacity(pks.iter().map(|c| c.len).sum());
     for (c, (pk, tk)) in pks.iter().zip(tokens).enumerate() {
         pk.expect("z")?;
         tk.expect("l")?;
         if pk.len != tk.len {
             return Err(format!("chunk {c}: {} partition keys against {} tokens", pk.len, tk.len));
         }
-        for row in 0..pk.len {
-            if !pk.valid(row) || !tk.valid(row) {
-                return Err(format!("chunk {c}, record {row}: a null partition key or token"));
-            }
-            sorted.push((tk.i64(row), Rid { chunk: c as u32, row: row as u32 }.packed()));
+        if let Some(row) = (0..pk.len).find(|&row| !pk.valid(row) || !tk.valid(row)) {
+            return Err(format!("chunk {c}, record {row}: a null partition key or token"));
         }
     }
-    sorted.sort_unstable();
-    let pk = |x: &(i64, u64)| {
-        let r = Rid::unpack(x.1);
-        pks[r.chunk as usize].bytes(r.row as usize)
-    };
-    let mut keys = Out::var();
-    let mut out_tokens = Vec::new();
-    let mut same: Vec<&[u8]> = Vec::new();
-    let mut i = 0;
-    while i < sorted.len() {
-        // the keys' bytes are read in token order, scattered over the batches: asked for ahead
-        for (ahead, data) in [(16, false), (8, true)] {
-            if let Some(x) = sorted.get(i + ahead) {
-                let r = Rid::unpack(x.1);
-                let col = &pks[r.chunk as usize];
-                if data { col.prefetch_data(r.row as usize) } else { col.prefetch(r.row as usize) }
-            }
-        }
-        let token = sorted[i].0;
-        let end = i + sorted[i..].iter().take_while(|x| x.0 == token).count();
-        let first = pk(&sorted[i]);
-        same.clear();
-        same.push(first);
-        // another key with the same token is rare: the run's keys are then sorted and each kept once
-        same.extend(sorted[i + 1..end].iter().map(pk).filter(|k| *k != first));
-        if same.len() > 1 {
-            same.sort_unstable();
-            same.dedup();
-        }
-        for k in &same {
-            keys.bytes(k);
-            out_tokens.push(token);
-        }
-        i = end;
-    }
-    Ok((keys, out_tokens))
+    let (pks, tokens): (Vec<&Col>, Vec<&Col>) = (pks.iter().collect(), tokens.iter().collect());
+    Ok(keys_and_tokens(&group_partitions(&pks, &tokens).0))
 }
 
 /// One table's batch. `cell_log`: the table's records (record batches of `CELL_LOG_SCHEMA`); `stored`: the stored records of every
@@ -654,15 +624,8 @@ pub fn process_table(t: &mut Table, cell_log: &[Col], stored: &Col, expiring: &[
         order.sort_by(by_order);
         order.dedup_by(|a, b| a.pk == b.pk && a.token == b.token);
     }
-    // the partitions in publish order, as Arrow buffers (their keys' bytes are scattered over the cell log)
-    let mut keys = Out::var_with_capacity(order.len(), order.iter().map(|p| p.pk.len()).sum());
-    for (i, p) in order.iter().enumerate() {
-        if let Some(ahead) = order.get(i + 8) {
-            prefetch_line(ahead.pk.as_ptr());
-        }
-        keys.bytes(p.pk);
-    }
-    let tokens = order.iter().map(|p| p.token).collect();
+    // the partitions in publish order, as Arrow buffers
+    let (keys, tokens) = keys_and_tokens(&order);
     let t: &Table = t;
     let ctx = EventCtx { cluster: s.cluster, node: "", ts_ms: s.now * 1000 };
     let em = Emitter { t, ctx: &ctx };
