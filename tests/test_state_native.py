@@ -91,9 +91,12 @@ def compare_batches(table, batches, rng: random.Random, threads: int = 3, label:
                        for row in (outbox_row(table, e, "", 0, 0) for r in results for e in r.events)]
         want_rows = rows_to_arrow(table, [row for r in results if r.changed for row in
                                           change_rows(table, r.partition_key, r.prior, r.state, now, 9, r.token)])
-        events, source, changed = table_outputs(table, pa.Table.from_pylist(records, schema=CELL_LOG_SCHEMA),
-                                                _stored_rows(table, states, keys | set(expiring)), now,
-                                                prev_now=prev, expiring=expiring, batch_seq=9, threads=threads)
+        log = pa.Table.from_pylist(records, schema=CELL_LOG_SCHEMA)
+        # every other batch as the pipeline runs it: grouped by partition_keys, the grouping handed on
+        grouping = native.partition_keys(log).grouping if i % 2 == 0 else None
+        events, source, changed = table_outputs(table, log, _stored_rows(table, states, keys | set(expiring)), now,
+                                                prev_now=prev, expiring=expiring, batch_seq=9, threads=threads,
+                                                grouping=grouping)
         where = f"{label}, batch {i}"
         assert events.select(list(EVENT_FIELDS)).to_pylist() == want_events, where
         assert events.column("partition_key").to_pylist() == [r.partition_key for r in results for _ in r.events]
@@ -280,9 +283,31 @@ def test_partition_keys_are_the_distinct_partitions_in_publish_order(pairs, chun
     want = sorted({(tok, k) for k, tok in pairs})
     for mode in ("1", "0"):
         with mock.patch.dict(os.environ, {"CASSANDRA_CDC_NATIVE": mode}):
-            keys, tokens = native.partition_keys(_key_log(pairs, chunk))
+            keys, tokens, grouping = native.partition_keys(_key_log(pairs, chunk))
+        assert (grouping is None) == (mode == "0"), mode
         assert keys.type == pa.binary() and tokens.type == pa.int64(), mode
         assert list(zip(tokens.to_pylist(), keys.to_pylist())) == want, mode
+
+
+def test_partition_keys_of_a_large_batch_on_several_threads_are_the_same():
+    """A batch large enough for the compiled grouping to split its records between threads (by the tokens' top
+    bits): 400,000 records of 180,000 keys, tokens over the whole range with runs of keys sharing one, each key
+    in several places of several record batches. The same keys and tokens on one thread, on two, and by Arrow."""
+    rng = random.Random(7)
+    pairs, token = [], 0
+    for i in range(180_000):
+        if i % 7:                   # every seventh key shares the token of the key before it
+            token = rng.randrange(-2 ** 63, 2 ** 63)
+        pairs += [(i.to_bytes(4, "big")[rng.randrange(2):], token)] * rng.choice((1, 2, 3))
+    rng.shuffle(pairs)
+    log = _key_log(pairs, 50_000)
+    want = sorted({(tok, k) for k, tok in pairs})
+    got = {}
+    for mode, threads in (("1", 1), ("1", 2), ("0", 2)):
+        with mock.patch.dict(os.environ, {"CASSANDRA_CDC_NATIVE": mode}):
+            keys, tokens, _ = native.partition_keys(log, threads=threads)
+        got[mode, threads] = list(zip(tokens.to_pylist(), keys.to_pylist()))
+    assert len(want) > 170_000 and all(g == want for g in got.values())
 
 
 def test_partition_keys_are_the_partitions_the_compiled_engine_processes_in_its_order():
@@ -291,11 +316,41 @@ def test_partition_keys_are_the_partitions_the_compiled_engine_processes_in_its_
     _, table, batches = _batches(11, False)
     records = [r for batch in batches for j, m in enumerate(batch) for r in mutation_records(m, j)]
     log = pa.Table.from_batches(pa.Table.from_pylist(records, schema=CELL_LOG_SCHEMA).to_batches(max_chunksize=7))
-    keys, tokens = native.partition_keys(log)
+    keys, tokens, _ = native.partition_keys(log)
     tb = native.process_table(table, log, pa.Table.from_pylist([], schema=STATE_SCHEMA), 100,
                               state_schema=merge_source_schema(table))
     assert len(keys) == len({r["partition_key"] for r in records}) > 1
     assert keys.to_pylist() == tb.keys.to_pylist() and tokens.to_pylist() == tb.tokens.to_pylist()
+
+
+def test_the_grouping_is_used_for_the_record_batches_it_was_made_from_only():
+    """``process_table`` groups the records as ``partition_keys`` did (no second sort) when handed its grouping
+    of the same record batches; given one made from other batches (the same records copied, or a slice of
+    them), it sorts the records itself. The outputs are the same either way."""
+    _, table, batches = _batches(11, False)
+    records = [r for batch in batches for j, m in enumerate(batch) for r in mutation_records(m, j)]
+    log = pa.Table.from_batches(pa.Table.from_pylist(records, schema=CELL_LOG_SCHEMA).to_batches(max_chunksize=7))
+    copy = pa.Table.from_batches(pa.Table.from_pylist(records, schema=CELL_LOG_SCHEMA).to_batches(max_chunksize=7))
+    compiled, grouped = native.compiled_module(), []
+
+    def recording(*args, **kwargs):
+        out = process(*args, **kwargs)
+        grouped.append(out["grouped"])
+        return out
+
+    def run(cells, grouping):
+        tb = native.process_table(table, cells, pa.Table.from_pylist([], schema=STATE_SCHEMA), 100,
+                                  state_schema=merge_source_schema(table), grouping=grouping)
+        return tb.keys, tb.tokens, tb.events, tb.state_rows, tb.changed
+
+    process = compiled.process_table
+    with mock.patch.object(compiled, "process_table", recording):
+        alone = run(log, None)
+        assert run(log, native.partition_keys(log).grouping) == alone
+        assert run(log, native.partition_keys(copy).grouping) == alone
+        assert run(log.slice(5), native.partition_keys(log).grouping) == run(log.slice(5), None)
+    assert grouped == [False, True, False, False, False]
+    assert alone[2].num_rows and alone[3].num_rows
 
 
 def test_a_null_partition_key_is_an_error_naming_the_record():

@@ -962,13 +962,14 @@ EVENT_FIELDS = ("event_id", "op", "key_json", "event_json", "ts_us")
 
 def table_outputs(table, cell_log: pa.Table, stored: pa.Table, now: int, *, prev_now: Optional[int] = None,
                   expiring: Iterable[bytes] = (), cluster: str = "", batch_seq: int = 0,
-                  threads: Optional[int] = None) -> tuple:
+                  threads: Optional[int] = None, grouping=None) -> tuple:
     """One table's batch with the compiled engine where it can: (events, state source, partitions changed).
 
     ``cell_log``: the table's cell-log records; ``stored``: the stored rows (``META_COLUMNS``) of every partition
     with records or in ``expiring``. ``events``: ``partition``, ``token``, ``partition_key``, ``idx`` (the event's
     number within its partition), then ``EVENT_FIELDS``, in publish order. ``state source``: the MERGE source rows
-    (``merge_source_schema``) of the changed partitions. ``threads``: the compiled engine's (``state.native``).
+    (``merge_source_schema``) of the changed partitions. ``threads``, ``grouping``: the compiled engine's
+    (``state.native.process_table``).
     """
     source_schema = merge_source_schema(table)
     records = stored.select([META_PREFIX + n for n in STATE_SCHEMA.names]).rename_columns(STATE_SCHEMA.names)
@@ -977,7 +978,7 @@ def table_outputs(table, cell_log: pa.Table, stored: pa.Table, now: int, *, prev
         try:
             tb = native_state.process_table(table, cell_log, records, now, state_schema=source_schema,
                                             prev_now=prev_now, expiring=expiring, cluster=cluster,
-                                            batch_seq=batch_seq, threads=threads)
+                                            batch_seq=batch_seq, threads=threads, grouping=grouping)
         except native_state.NotCompiled as e:
             log.warning("%s: the compiled state engine cannot take this table (%s); running it in Python",
                         table.qualified_name, e)
@@ -1018,7 +1019,7 @@ def _run_store_batch_native(store, schema, cell_log_batches, *, batch_id, batch_
     for tid, table in sorted(tables.items(), key=lambda kv: table_order(kv[1])):
         # a batch of one table's records is that table's cell log as it is (a filter would copy every column)
         cells = log_table if table_ids == [tid] else log_table.filter(pc.equal(log_table.column("table_id"), tid))
-        keys, tokens = native_state.partition_keys(cells)
+        keys, tokens, grouping = native_state.partition_keys(cells)
         expiring = []
         if sweeping:
             due = pa.array(store.expiring_keys(table, prev_now, now), pa.binary())
@@ -1028,7 +1029,7 @@ def _run_store_batch_native(store, schema, cell_log_batches, *, batch_id, batch_
             tokens = pa.concat_arrays([tokens, pa.array([murmur3_token(k) for k in expiring], pa.int64())])
         stored = store.read_state_rows(table, keys, tokens=tokens)
         events, source, changed = table_outputs(table, cells, stored, now, prev_now=prev_now, expiring=expiring,
-                                                cluster=cluster, batch_seq=batch_seq)
+                                                cluster=cluster, batch_seq=batch_seq, grouping=grouping)
         if events.num_rows:
             outbox.append(_outbox_columns(table, events, batch_id, batch_seq, now))
         sources.append((table, source, changed))

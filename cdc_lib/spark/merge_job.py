@@ -374,7 +374,8 @@ def _reconcile(schema, root: str, storage_options: dict, app_id: str, versions: 
         """OUT_SCHEMA rows of one table's partitions in a chunk, by the compiled engine (Arrow only)."""
         sweep = pc.equal(rows.column("kind"), SWEEP_KIND)
         cells = rows.select(cell_names)
-        keys, tokens = native_state.partition_keys(rows)   # the chunk's partitions: with records or marked
+        # the chunk's partitions: with records or marked
+        keys, tokens, grouping = native_state.partition_keys(rows, threads=_engine_threads())
         expiring = []
         if pc.any(sweep).as_py():       # a copy of the chunk only where marker rows are to be left out
             cells = cells.filter(pc.invert(sweep))
@@ -383,7 +384,8 @@ def _reconcile(schema, root: str, storage_options: dict, app_id: str, versions: 
             expiring = marked.filter(pc.invert(pc.is_in(marked, value_set=with_records))).to_pylist()
         stored = store.read_state_rows(table, keys, tokens=tokens)
         events, source, _ = table_outputs(table, cells, stored, now, prev_now=prev_now, expiring=expiring,
-                                          cluster=cluster, batch_seq=batch_seq, threads=_engine_threads())
+                                          cluster=cluster, batch_seq=batch_seq, threads=_engine_threads(),
+                                          grouping=grouping)
         ks, name = table_order(table)[:2]
         n = events.num_rows
         out = pa.table({

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import Any, Iterable, NamedTuple, Optional
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -115,14 +115,16 @@ def default_threads() -> int:
 
 def process_table(table, cell_log, stored: pa.Table, now: int, *, state_schema: pa.Schema,
                   prev_now: Optional[int] = None, expiring: Iterable[bytes] = (), cluster: str = "",
-                  batch_seq: int = 0, threads: Optional[int] = None) -> TableBatch:
+                  batch_seq: int = 0, threads: Optional[int] = None, grouping: Any = None) -> TableBatch:
     """``batch.process_table`` plus ``sinks.delta.change_rows`` for one table, compiled.
 
     ``cell_log``: the table's records (``CELL_LOG_SCHEMA``, a table or batch); ``stored``: the stored records
     of every partition with records or in ``expiring`` (``STATE_SCHEMA`` column names); ``state_schema``: the
     MERGE source schema the state rows are built in (``sinks.delta.merge_source_schema``). ``threads``: how
     many threads the partitions are spread over (default: every core this process may use; a Spark task, which
-    shares the cores with its sibling tasks, passes 1). The GIL is released meanwhile.
+    shares the cores with its sibling tasks, passes 1). ``grouping``: ``partition_keys(cell_log).grouping``, to
+    group the records as it did (ignored, and the records sorted again, if it was made from other record
+    batches). The GIL is released meanwhile.
     """
     log = _as_table(cell_log, CELL_LOG_SCHEMA)
     st = _one_batch(stored.select(STATE_SCHEMA.names), STATE_SCHEMA)
@@ -130,7 +132,7 @@ def process_table(table, cell_log, stored: pa.Table, now: int, *, state_schema: 
     try:
         # the cell log's batches as they are: joining them would copy every column first
         out = compiled_module().process_table(table_desc(table), log.to_batches(), st, expiring, now, prev_now,
-                                              batch_seq, cluster, threads or default_threads())
+                                              batch_seq, cluster, threads or default_threads(), grouping)
     except ValueError as e:
         raise NotCompiled(f"{table.qualified_name}: {e}") from e
     keys = _array(out["keys"], pa.binary())
@@ -157,24 +159,37 @@ def process_table(table, cell_log, stored: pa.Table, now: int, *, state_schema: 
     return result
 
 
-def partition_keys(cell_log) -> tuple:
-    """The distinct partitions of a table's cell-log records (a table or batch with ``partition_key`` and
-    ``token``), in publish order (``batch.partition_order``: token, then key): (binary keys, int64 tokens, one
-    per key: keys that share a token each carry it), the partitions a batch reads the stored records of.
+class PartitionKeys(NamedTuple):
+    """``partition_keys``' answer."""
+    keys: pa.Array
+    """binary, in publish order"""
+    tokens: pa.Array
+    """int64, one per key: keys that share a token each carry it"""
+    grouping: Any = None
+    """how the compiled engine grouped the records (``cdc_native.Grouping``), for ``process_table`` on the same
+    cell log, which then does not sort them again; None from the Arrow path"""
 
-    Compiled where the engine runs (one sort of the records, as ``process_table`` groups them): hashing every
-    record's key and token into sets, as ``pyarrow.compute.unique`` does, took a tenth of a 1M-change batch's
-    reconcile time. Without it, Arrow groups and sorts them.
+
+def partition_keys(cell_log, threads: Optional[int] = None) -> PartitionKeys:
+    """The distinct partitions of a table's cell-log records (a table or batch with ``partition_key`` and
+    ``token``), in publish order (``batch.partition_order``: token, then key): the partitions a batch reads the
+    stored records of.
+
+    Compiled where the engine runs: one sort of the records, the grouping ``process_table`` needs, which it is
+    handed (``grouping=``) instead of sorting them a second time. Hashing every record's key and token into
+    sets, as ``pyarrow.compute.unique`` does, took a tenth of a 1M-change batch's reconcile time. Without the
+    compiled engine, Arrow groups and sorts them. ``threads``: as ``process_table``'s.
     """
     t = cell_log if isinstance(cell_log, pa.Table) else pa.Table.from_batches([cell_log])
     pks, tokens = t.column("partition_key").cast(pa.binary()), t.column("token").cast(pa.int64())
     if enabled():
-        keys, toks = compiled_module().partition_keys(pks.chunks, tokens.chunks)
+        keys, toks, grouping = compiled_module().partition_keys(pks.chunks, tokens.chunks, threads or default_threads())
         keys = _array(keys, pa.binary())
-        return keys, pa.Array.from_buffers(pa.int64(), len(keys), [None, pa.py_buffer(toks)])
+        return PartitionKeys(keys, pa.Array.from_buffers(pa.int64(), len(keys), [None, pa.py_buffer(toks)]),
+                             grouping)
     distinct = (pa.table({"token": tokens, "key": pks}).group_by(["token", "key"]).aggregate([])
                 .sort_by([("token", "ascending"), ("key", "ascending")]))
-    return distinct.column("key").combine_chunks(), distinct.column("token").combine_chunks()
+    return PartitionKeys(distinct.column("key").combine_chunks(), distinct.column("token").combine_chunks())
 
 
 def python_table(table, cell_log, stored: pa.Table, now: int, *, prev_now: Optional[int] = None,

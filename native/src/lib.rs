@@ -136,7 +136,7 @@ fn slice_of(b: &PyBuffer<u8>) -> &[u8] {
 
 /// What `cdc_lib` expects of this module: bumped whenever a class or function changes, so that a module built
 /// from older sources is not used by newer Python code (`cdc_lib.celllog.native`).
-const API: u32 = 4;
+const API: u32 = 5;
 
 const EV_END: u8 = 0;
 const EV_BATCH: u8 = 1;
@@ -524,11 +524,13 @@ fn out_spec(py: Python<'_>, o: Out) -> PyResult<Py<PyAny>> {
 
 /// One table's batch through the compiled state engine (see `cdc_lib.state.native.process_table`).
 #[pyfunction]
-#[pyo3(signature = (table_desc, cell_log, stored, expiring, now, prev_now, batch_seq, cluster, threads=1))]
+#[pyo3(signature = (table_desc, cell_log, stored, expiring, now, prev_now, batch_seq, cluster, threads=1,
+                    grouping=None))]
 #[allow(clippy::too_many_arguments)]
 fn process_table<'py>(py: Python<'py>, table_desc: &Bound<'py, PyAny>, cell_log: &Bound<'py, PyAny>,
                       stored: &Bound<'py, PyAny>, expiring: Vec<Vec<u8>>, now: i64, prev_now: Option<i64>,
-                      batch_seq: i64, cluster: &str, threads: usize) -> PyResult<Bound<'py, PyDict>> {
+                      batch_seq: i64, cluster: &str, threads: usize, grouping: Option<PyRef<'py, Grouping>>)
+                      -> PyResult<Bound<'py, PyDict>> {
     let mut table = table_from_desc(table_desc)?;
     // the cell log's record batches, read where they are (their capsules live until the end of the call)
     let log = cell_log.try_iter()?.map(|b| import_array(&b?)).collect::<PyResult<Vec<_>>>()?;
@@ -537,9 +539,11 @@ fn process_table<'py>(py: Python<'py>, table_desc: &Bound<'py, PyAny>, cell_log:
     let settings = state::driver::Settings { threads, now, prev_now, batch_seq, cluster };
     let (log_col, st_col) = (&log_cols[..], &st.col);
     // the engine touches no Python object: other Python threads run meanwhile
-    let out = py.detach(|| state::driver::process_table(&mut table, log_col, st_col, &expiring, &settings))
+    let grouping = grouping.as_deref().map(|g| &g.0);
+    let out = py.detach(|| state::driver::process_table(&mut table, log_col, st_col, &expiring, grouping, &settings))
         .map_err(PyValueError::new_err)?;
     let d = PyDict::new(py);
+    d.set_item("grouped", out.grouped)?;
     // the partitions in publish order, as Arrow buffers: (binary keys, their int64 tokens)
     d.set_item("keys", out_spec(py, out.keys)?)?;
     d.set_item("tokens", buf(py, BufData::I64(out.tokens))?)?;
@@ -568,20 +572,27 @@ fn process_table<'py>(py: Python<'py>, table_desc: &Bound<'py, PyAny>, cell_log:
 }
 
 /// The distinct partitions of a table's cell-log records in publish order (see
-/// `cdc_lib.state.native.partition_keys`): (binary keys as an `out_spec`, their int64 tokens).
+/// `cdc_lib.state.native.partition_keys`): (binary keys as an `out_spec`, their int64 tokens, the `Grouping`
+/// `process_table` takes to group the same records without sorting them again).
 #[pyfunction]
-fn partition_keys<'py>(py: Python<'py>, pks: &Bound<'py, PyAny>, tokens: &Bound<'py, PyAny>)
-                       -> PyResult<(Py<PyAny>, Py<PyAny>)> {
+#[pyo3(signature = (pks, tokens, threads=1))]
+fn partition_keys<'py>(py: Python<'py>, pks: &Bound<'py, PyAny>, tokens: &Bound<'py, PyAny>, threads: usize)
+                       -> PyResult<(Py<PyAny>, Py<PyAny>, Grouping)> {
     let import = |chunks: &Bound<'py, PyAny>| {
         chunks.try_iter()?.map(|c| import_array(&c?)).collect::<PyResult<Vec<_>>>()
     };
     let (pks, tokens) = (import(pks)?, import(tokens)?);
     let cols = |e: &[Exported<'_>]| e.iter().map(|e| e.col.clone()).collect::<Vec<Col>>();
     let (pk_cols, token_cols) = (cols(&pks), cols(&tokens));
-    let (keys, toks) = py.detach(|| state::driver::partition_keys(&pk_cols, &token_cols))
+    let (keys, toks, grouping) = py.detach(|| state::driver::partition_keys(&pk_cols, &token_cols, threads))
         .map_err(PyValueError::new_err)?;
-    Ok((out_spec(py, keys)?, buf(py, BufData::I64(toks))?))
+    Ok((out_spec(py, keys)?, buf(py, BufData::I64(toks))?, Grouping(grouping)))
 }
+
+/// How `partition_keys` grouped a cell log's records into partitions, for `process_table` on the same record
+/// batches (it sorts them again when given other ones). Opaque: record places and tokens, no bytes.
+#[pyclass(frozen, module = "cdc_native")]
+struct Grouping(state::driver::Grouping);
 
 #[pymodule]
 fn cdc_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -592,6 +603,7 @@ fn cdc_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(mutation_id, m)?)?;
     m.add_function(wrap_pyfunction!(process_table, m)?)?;
     m.add_function(wrap_pyfunction!(partition_keys, m)?)?;
+    m.add_class::<Grouping>()?;
     m.add("EV_END", EV_END)?;
     m.add("EV_BATCH", EV_BATCH)?;
     m.add("EV_DAMAGE", EV_DAMAGE)?;

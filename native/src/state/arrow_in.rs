@@ -122,6 +122,12 @@ impl Col {
         self.children.iter().find(|c| c.name == name).ok_or_else(|| format!("no column {name}"))
     }
 
+    /// Where the array's values are: its buffers' addresses, its offset and length. Two views with the same place
+    /// read the same values while both are exported (Arrow buffers do not change once built).
+    pub fn place(&self) -> [usize; 5] {
+        [self.validity as usize, self.b1 as usize, self.b2 as usize, self.offset, self.len]
+    }
+
     #[inline]
     pub fn valid(&self, i: usize) -> bool {
         if self.validity.is_null() {

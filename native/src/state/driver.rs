@@ -20,6 +20,8 @@ pub struct Output {
     pub tokens: Vec<i64>,
     /// the threads' outputs, in publish order
     pub runs: Vec<Run>,
+    /// whether the records were grouped as the `Grouping` given said, rather than sorted again
+    pub grouped: bool,
 }
 
 /// The settings of one batch (`process_partition`'s arguments).
@@ -128,6 +130,11 @@ impl<'a> CellLog<'a> {
     fn rec(&self, t: &Table, r: Rid) -> Option<Rec<'a>> {
         let (c, i) = self.at(r);
         c.rec(t, i)
+    }
+
+    /// Each record batch's `partition_key` and `token` columns.
+    fn key_columns(&self) -> (Vec<&'a Col>, Vec<&'a Col>) {
+        self.chunks.iter().map(|c| (c.pk, c.token)).unzip()
     }
 
     fn intern(&self, t: &mut Table) {
@@ -511,19 +518,114 @@ fn process_partition(em: &Emitter, pk: &[u8], recs: &[Rec], prior: Option<&Parti
 /// sorted so that a partition's records are one run of it, in cell-log order (replica copies are dropped per
 /// partition, by the thread that runs it: `partition_records`).
 fn partitions<'a>(log: &CellLog<'a>) -> (Vec<Part<'a>>, Vec<Rid>) {
-    let pks: Vec<&Col> = log.chunks.iter().map(|c| c.pk).collect();
-    let tokens: Vec<&Col> = log.chunks.iter().map(|c| c.token).collect();
-    group_partitions(&pks, &tokens)
+    let (pks, tokens) = log.key_columns();
+    let g = group_partitions(&pks, &tokens, 1);
+    (g.parts(&pks), g.sorted)
 }
 
-/// `partitions` of records given by their record batches' `partition_key` and `token` columns (one of each per
-/// batch, of equal lengths): one sort of (token, place), then each run of a token split by key.
-fn group_partitions<'a>(pks: &[&'a Col], tokens: &[&Col]) -> (Vec<Part<'a>>, Vec<Rid>) {
-    let mut sorted: Vec<(i64, u64)> = Vec::with_capacity(tokens.iter().map(|c| c.len).sum());
-    for (c, tk) in tokens.iter().enumerate() {
-        sorted.extend((0..tk.len).map(|row| (tk.i64(row), Rid { chunk: c as u32, row: row as u32 }.packed())));
+/// A batch's records grouped into partitions (`group_partitions`): places and tokens, no borrowed bytes.
+struct Grouped {
+    /// every record's place, sorted by token, then key bytes, then place: a partition's records are one run
+    sorted: Vec<Rid>,
+    /// each partition's token and the index in `sorted` of its first record (its records run to the next one's)
+    starts: Vec<(i64, usize)>,
+}
+
+impl Grouped {
+    /// Each partition's key (read from `pks`, the record batches' `partition_key` columns), token and records.
+    fn parts<'a>(&self, pks: &[&'a Col]) -> Vec<Part<'a>> {
+        let ends = self.starts.iter().skip(1).map(|s| s.1).chain([self.sorted.len()]);
+        self.starts.iter().zip(ends).map(|(&(token, start), end)| {
+            let r = self.sorted[start];
+            Part { pk: pks[r.chunk as usize].bytes(r.row as usize), token, recs: start..end }
+        }).collect()
     }
-    sorted.sort_unstable();
+}
+
+/// `Grouped` kept from `partition_keys` for `process_table` on the same records, so that a batch groups its
+/// records once, with where the columns it was made from are, to tell that `process_table` was given the same.
+pub struct Grouping {
+    grouped: Grouped,
+    /// per record batch: its `partition_key` column's place, then its `token` column's
+    from: Vec<[usize; 10]>,
+}
+
+fn columns_place(pk: &Col, token: &Col) -> [usize; 10] {
+    let (a, b) = (pk.place(), token.place());
+    [a[0], a[1], a[2], a[3], a[4], b[0], b[1], b[2], b[3], b[4]]
+}
+
+impl Grouping {
+    /// The partitions and sorted places of `log`, if this grouping was made from its columns (else None).
+    fn of<'a, 'g>(&'g self, log: &CellLog<'a>) -> Option<(Vec<Part<'a>>, &'g [Rid])> {
+        let (pks, tokens) = log.key_columns();
+        let from = pks.iter().zip(&tokens).map(|(pk, tk)| columns_place(pk, tk));
+        if self.from.len() != pks.len() || !from.zip(&self.from).all(|(a, b)| a == *b) {
+            return None;
+        }
+        Some((self.grouped.parts(&pks), &self.grouped.sorted))
+    }
+}
+
+/// Group records given by their record batches' `partition_key` and `token` columns (one of each per batch, of
+/// equal lengths) into partitions on up to `threads` threads. Tokens are hashes, spread evenly: the records are
+/// placed by their token's top bits into buckets of a few hundred, each bucket sorted in cache by (token, place),
+/// then each run of a token split by key. A bucket holds whole tokens, so threads take contiguous buckets.
+fn group_partitions(pks: &[&Col], tokens: &[&Col], threads: usize) -> Grouped {
+    let n: usize = tokens.iter().map(|c| c.len).sum();
+    let bits = (n / 512).max(1).ilog2().min(12);
+    // the token's order as unsigned, its top `bits` bits
+    let bucket = |tk: i64| if bits == 0 { 0 } else { (((tk as u64) ^ (1 << 63)) >> (64 - bits)) as usize };
+    let mut bounds = vec![0usize; (1 << bits) + 1];
+    for tk in tokens {
+        (0..tk.len).for_each(|row| bounds[bucket(tk.i64(row)) + 1] += 1);
+    }
+    for b in 1..bounds.len() {
+        bounds[b] += bounds[b - 1];
+    }
+    let mut sorted: Vec<(i64, u64)> = vec![(0, 0); n];
+    let mut next = bounds.clone();
+    for (c, tk) in tokens.iter().enumerate() {
+        for row in 0..tk.len {
+            let token = tk.i64(row);
+            let at = &mut next[bucket(token)];
+            sorted[*at] = (token, Rid { chunk: c as u32, row: row as u32 }.packed());
+            *at += 1;
+        }
+    }
+    // contiguous buckets per thread, about as many records each (a small batch: one thread)
+    let threads = threads.clamp(1, (n / 65536).max(1));
+    let mut cuts: Vec<usize> = (1..threads).map(|i| bounds.partition_point(|&b| b < n * i / threads))
+        .filter(|&b| b > 0 && b < bounds.len() - 1).collect();
+    cuts.dedup();
+    let mut spans = Vec::with_capacity(cuts.len() + 1);
+    let mut rest: &mut [(i64, u64)] = &mut sorted;
+    let mut first = 0;
+    for b in cuts.into_iter().chain([bounds.len() - 1]) {
+        let (mine, others) = rest.split_at_mut(bounds[b] - bounds[first]);
+        spans.push((mine, &bounds[first..=b]));
+        (rest, first) = (others, b);
+    }
+    let starts: Vec<Vec<(i64, usize)>> = if spans.len() == 1 {
+        spans.into_iter().map(|(recs, bounds)| group_span(pks, recs, bounds)).collect()
+    } else {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = spans.into_iter()
+                .map(|(recs, bounds)| scope.spawn(move || group_span(pks, recs, bounds)))
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("grouping a batch's records panicked")).collect()
+        })
+    };
+    Grouped { sorted: sorted.into_iter().map(|x| Rid::unpack(x.1)).collect(), starts: starts.concat() }
+}
+
+/// `group_partitions`' work on one run of buckets: `recs`, the records of the buckets `bounds` delimits (indexes
+/// of the whole batch's records); returns its partitions' (token, first record) by those indexes.
+fn group_span(pks: &[&Col], recs: &mut [(i64, u64)], bounds: &[usize]) -> Vec<(i64, usize)> {
+    let base = bounds[0];
+    for w in bounds.windows(2) {
+        recs[w[0] - base..w[1] - base].sort_unstable();
+    }
     let at = |x: &(i64, u64)| {
         let r = Rid::unpack(x.1);
         (pks[r.chunk as usize], r.row as usize)
@@ -532,35 +634,34 @@ fn group_partitions<'a>(pks: &[&'a Col], tokens: &[&Col]) -> (Vec<Part<'a>>, Vec
         let (col, row) = at(x);
         col.bytes(row)
     };
-    let mut order: Vec<Part> = Vec::with_capacity(sorted.len());
+    let mut starts = Vec::with_capacity(recs.len());
     let mut i = 0;
-    while i < sorted.len() {
+    while i < recs.len() {
         // the keys' bytes are read in token order, scattered over the record batches: asked for ahead
-        if let Some(x) = sorted.get(i + 16) {
+        if let Some(x) = recs.get(i + 16) {
             let (col, row) = at(x);
             col.prefetch(row);
         }
-        if let Some(x) = sorted.get(i + 8) {
+        if let Some(x) = recs.get(i + 8) {
             let (col, row) = at(x);
             col.prefetch_data(row);
         }
-        let token = sorted[i].0;
-        let end = i + sorted[i..].iter().take_while(|x| x.0 == token).count();
-        let first = pk(&sorted[i]);
-        if sorted[i + 1..end].iter().any(|x| pk(x) != first) {
+        let token = recs[i].0;
+        let end = i + recs[i..].iter().take_while(|x| x.0 == token).count();
+        let first = pk(&recs[i]);
+        if recs[i + 1..end].iter().any(|x| pk(x) != first) {
             // keys sharing a token: by key, each in cell-log order (a stable sort)
-            sorted[i..end].sort_by(|a, b| pk(a).cmp(pk(b)));
+            recs[i..end].sort_by(|a, b| pk(a).cmp(pk(b)));
         }
         let mut j = i;
         while j < end {
-            let key = pk(&sorted[j]);
-            let k = j + 1 + sorted[j + 1..end].iter().take_while(|x| pk(x) == key).count();
-            order.push(Part { pk: key, token, recs: j..k });
-            j = k;
+            let key = pk(&recs[j]);
+            starts.push((token, base + j));
+            j += 1 + recs[j + 1..end].iter().take_while(|x| pk(x) == key).count();
         }
         i = end;
     }
-    (order, sorted.into_iter().map(|x| Rid::unpack(x.1)).collect())
+    starts
 }
 
 /// The partitions `order` as Arrow buffers: (binary keys, their tokens). The keys' bytes are scattered over the
@@ -578,9 +679,9 @@ fn keys_and_tokens(order: &[Part]) -> (Out, Vec<i64>) {
 
 /// The distinct partitions of a table's cell-log records, in publish order (token, then key): the partitions a
 /// batch reads the stored records of before `process_table`, which gives them in the same order. `pks`, `tokens`:
-/// the record batches' `partition_key` (binary) and `token` (int64) columns. The grouping `process_table` does
-/// (`group_partitions`), instead of a hash set of every record's key and another of its token.
-pub fn partition_keys(pks: &[Col], tokens: &[Col]) -> Result<(Out, Vec<i64>), String> {
+/// the record batches' `partition_key` (binary) and `token` (int64) columns. Also the grouping, for
+/// `process_table` on the same record batches. On up to `threads` threads.
+pub fn partition_keys(pks: &[Col], tokens: &[Col], threads: usize) -> Result<(Out, Vec<i64>, Grouping), String> {
     if pks.len() != tokens.len() {
         return Err(format!("{} partition_key chunks against {} token chunks", pks.len(), tokens.len()));
     }
@@ -595,20 +696,33 @@ pub fn partition_keys(pks: &[Col], tokens: &[Col]) -> Result<(Out, Vec<i64>), St
         }
     }
     let (pks, tokens): (Vec<&Col>, Vec<&Col>) = (pks.iter().collect(), tokens.iter().collect());
-    Ok(keys_and_tokens(&group_partitions(&pks, &tokens).0))
+    let grouped = group_partitions(&pks, &tokens, threads);
+    let (keys, toks) = keys_and_tokens(&grouped.parts(&pks));
+    let from = pks.iter().zip(&tokens).map(|(pk, tk)| columns_place(pk, tk)).collect();
+    Ok((keys, toks, Grouping { grouped, from }))
 }
 
 /// One table's batch. `cell_log`: the table's records (record batches of `CELL_LOG_SCHEMA`); `stored`: the stored records of every
 /// partition the batch touches (`STATE_SCHEMA`); `expiring`: partitions to sweep that have no records.
-pub fn process_table(t: &mut Table, cell_log: &[Col], stored: &Col, expiring: &[Vec<u8>], s: &Settings)
-                     -> Result<Output, String> {
+pub fn process_table(t: &mut Table, cell_log: &[Col], stored: &Col, expiring: &[Vec<u8>],
+                     grouping: Option<&Grouping>, s: &Settings) -> Result<Output, String> {
     let log = CellLog::new(cell_log)?;
     log.intern(t);
     let mut stored = Stored::new(t, stored)?;
-    // the stored records are indexed by partition while the cell log's are sorted into partitions
+    // the records as `partition_keys` grouped them, or else sorted into partitions while the stored records are
+    // indexed by partition
+    let given = grouping.and_then(|g| g.of(&log));
+    let grouped = given.is_some();
     let ((mut order, sorted), (by_key, next)) = std::thread::scope(|scope| {
         let index = scope.spawn(|| stored.index());
-        (partitions(&log), index.join().expect("the stored records' index panicked"))
+        let grouped = match given {
+            Some((order, sorted)) => (order, std::borrow::Cow::Borrowed(sorted)),
+            None => {
+                let (order, sorted) = partitions(&log);
+                (order, std::borrow::Cow::Owned(sorted))
+            }
+        };
+        (grouped, index.join().expect("the stored records' index panicked"))
     });
     (stored.by_key, stored.next) = (by_key, next);
     let by_order = |a: &Part, b: &Part| (a.token, a.pk).cmp(&(b.token, b.pk));
@@ -660,7 +774,7 @@ pub fn process_table(t: &mut Table, cell_log: &[Col], stored: &Col, expiring: &[
     if runs.iter_mut().any(|r| r.overflowed()) {
         return Err("a batch too large for 32-bit Arrow offsets".into());
     }
-    Ok(Output { keys, tokens, runs })
+    Ok(Output { keys, tokens, runs, grouped })
 }
 
 /// The fewest records worth a run of their own: below it, handing a run to another thread costs more than it saves.
