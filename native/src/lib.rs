@@ -539,7 +539,7 @@ fn process_table<'py>(py: Python<'py>, table_desc: &Bound<'py, PyAny>, cell_log:
     let settings = state::driver::Settings { threads, now, prev_now, batch_seq, cluster };
     let (log_col, st_col) = (&log_cols[..], &st.col);
     // the engine touches no Python object: other Python threads run meanwhile
-    let grouping = grouping.as_deref().map(|g| &g.0);
+    let grouping = grouping.as_deref().map(|g| &g.grouping);
     let out = py.detach(|| state::driver::process_table(&mut table, log_col, st_col, &expiring, grouping, &settings))
         .map_err(PyValueError::new_err)?;
     let d = PyDict::new(py);
@@ -578,21 +578,28 @@ fn process_table<'py>(py: Python<'py>, table_desc: &Bound<'py, PyAny>, cell_log:
 #[pyo3(signature = (pks, tokens, threads=1))]
 fn partition_keys<'py>(py: Python<'py>, pks: &Bound<'py, PyAny>, tokens: &Bound<'py, PyAny>, threads: usize)
                        -> PyResult<(Py<PyAny>, Py<PyAny>, Grouping)> {
-    let import = |chunks: &Bound<'py, PyAny>| {
-        chunks.try_iter()?.map(|c| import_array(&c?)).collect::<PyResult<Vec<_>>>()
-    };
-    let (pks, tokens) = (import(pks)?, import(tokens)?);
+    // the chunks themselves, which the grouping holds
+    let listed = |chunks: &Bound<'py, PyAny>| PyList::new(py, chunks.try_iter()?.collect::<PyResult<Vec<_>>>()?);
+    let (pk_chunks, token_chunks) = (listed(pks)?, listed(tokens)?);
+    let import = |chunks: &Bound<'py, PyList>| chunks.iter().map(|c| import_array(&c)).collect::<PyResult<Vec<_>>>();
+    let (pks, tokens) = (import(&pk_chunks)?, import(&token_chunks)?);
     let cols = |e: &[Exported<'_>]| e.iter().map(|e| e.col.clone()).collect::<Vec<Col>>();
     let (pk_cols, token_cols) = (cols(&pks), cols(&tokens));
     let (keys, toks, grouping) = py.detach(|| state::driver::partition_keys(&pk_cols, &token_cols, threads))
         .map_err(PyValueError::new_err)?;
-    Ok((out_spec(py, keys)?, buf(py, BufData::I64(toks))?, Grouping(grouping)))
+    let made_from = (pk_chunks.into_any().unbind(), token_chunks.into_any().unbind());
+    Ok((out_spec(py, keys)?, buf(py, BufData::I64(toks))?, Grouping { grouping, _made_from: made_from }))
 }
 
 /// How `partition_keys` grouped a cell log's records into partitions, for `process_table` on the same record
-/// batches (it sorts them again when given other ones). Opaque: record places and tokens, no bytes.
+/// batches (it sorts them again when given other ones). Opaque: record places and tokens, and the key and token
+/// chunks it was made from, held so that their buffers live as long as it does: no other data can take their
+/// addresses meanwhile, and so an equal address means the same values.
 #[pyclass(frozen, module = "cdc_native")]
-struct Grouping(state::driver::Grouping);
+struct Grouping {
+    grouping: state::driver::Grouping,
+    _made_from: (Py<PyAny>, Py<PyAny>),
+}
 
 #[pymodule]
 fn cdc_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
