@@ -291,8 +291,9 @@ def test_partition_keys_are_the_distinct_partitions_in_publish_order(pairs, chun
 
 def test_partition_keys_of_a_large_batch_on_several_threads_are_the_same():
     """A batch large enough for the compiled grouping to split its records between threads (by the tokens' top
-    bits): 400,000 records of 180,000 keys, tokens over the whole range with runs of keys sharing one, each key
-    in several places of several record batches. The same keys and tokens on one thread, on two, and by Arrow."""
+    bits): 360,000 records of 180,000 keys, tokens over the whole range, every seventh key sharing the token of
+    the key before it, each key in up to three places of several record batches. The same keys and tokens on one
+    thread, on two, and by Arrow."""
     rng = random.Random(7)
     pairs, token = [], 0
     for i in range(180_000):
