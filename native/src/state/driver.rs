@@ -550,20 +550,19 @@ pub struct Grouping {
     from: Vec<[usize; 10]>,
 }
 
-fn columns_place(pk: &Col, token: &Col) -> [usize; 10] {
-    let (a, b) = (pk.place(), token.place());
-    [a[0], a[1], a[2], a[3], a[4], b[0], b[1], b[2], b[3], b[4]]
+/// Where each record batch's `partition_key` and `token` columns are (`Col::place` of each).
+fn columns_places(pks: &[&Col], tokens: &[&Col]) -> Vec<[usize; 10]> {
+    pks.iter().zip(tokens).map(|(pk, tk)| {
+        let (a, b) = (pk.place(), tk.place());
+        [a[0], a[1], a[2], a[3], a[4], b[0], b[1], b[2], b[3], b[4]]
+    }).collect()
 }
 
 impl Grouping {
     /// The partitions and sorted places of `log`, if this grouping was made from its columns (else None).
     fn of<'a, 'g>(&'g self, log: &CellLog<'a>) -> Option<(Vec<Part<'a>>, &'g [Rid])> {
         let (pks, tokens) = log.key_columns();
-        let from = pks.iter().zip(&tokens).map(|(pk, tk)| columns_place(pk, tk));
-        if self.from.len() != pks.len() || !from.zip(&self.from).all(|(a, b)| a == *b) {
-            return None;
-        }
-        Some((self.grouped.parts(&pks), &self.grouped.sorted))
+        (columns_places(&pks, &tokens) == self.from).then(|| (self.grouped.parts(&pks), &self.grouped.sorted[..]))
     }
 }
 
@@ -698,8 +697,7 @@ pub fn partition_keys(pks: &[Col], tokens: &[Col], threads: usize) -> Result<(Ou
     let (pks, tokens): (Vec<&Col>, Vec<&Col>) = (pks.iter().collect(), tokens.iter().collect());
     let grouped = group_partitions(&pks, &tokens, threads);
     let (keys, toks) = keys_and_tokens(&grouped.parts(&pks));
-    let from = pks.iter().zip(&tokens).map(|(pk, tk)| columns_place(pk, tk)).collect();
-    Ok((keys, toks, Grouping { grouped, from }))
+    Ok((keys, toks, Grouping { from: columns_places(&pks, &tokens), grouped }))
 }
 
 /// One table's batch. `cell_log`: the table's records (record batches of `CELL_LOG_SCHEMA`); `stored`: the stored records of every
@@ -709,20 +707,18 @@ pub fn process_table(t: &mut Table, cell_log: &[Col], stored: &Col, expiring: &[
     let log = CellLog::new(cell_log)?;
     log.intern(t);
     let mut stored = Stored::new(t, stored)?;
-    // the records as `partition_keys` grouped them, or else sorted into partitions while the stored records are
-    // indexed by partition
-    let given = grouping.and_then(|g| g.of(&log));
-    let grouped = given.is_some();
-    let ((mut order, sorted), (by_key, next)) = std::thread::scope(|scope| {
+    // while the stored records are indexed by partition: the records as `partition_keys` grouped them, or else
+    // sorted into partitions
+    let ((mut order, sorted, grouped), (by_key, next)) = std::thread::scope(|scope| {
         let index = scope.spawn(|| stored.index());
-        let grouped = match given {
-            Some((order, sorted)) => (order, std::borrow::Cow::Borrowed(sorted)),
+        let parts = match grouping.and_then(|g| g.of(&log)) {
+            Some((order, sorted)) => (order, std::borrow::Cow::Borrowed(sorted), true),
             None => {
                 let (order, sorted) = partitions(&log);
-                (order, std::borrow::Cow::Owned(sorted))
+                (order, std::borrow::Cow::Owned(sorted), false)
             }
         };
-        (grouped, index.join().expect("the stored records' index panicked"))
+        (parts, index.join().expect("the stored records' index panicked"))
     });
     (stored.by_key, stored.next) = (by_key, next);
     let by_order = |a: &Part, b: &Part| (a.token, a.pk).cmp(&(b.token, b.pk));
