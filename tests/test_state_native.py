@@ -94,7 +94,11 @@ def compare_batches(table, batches, rng: random.Random, threads: int = 3, label:
         log = pa.Table.from_pylist(records, schema=CELL_LOG_SCHEMA)
         # every other batch as the pipeline runs it: grouped by partition_keys, the grouping handed on
         grouping = native.partition_keys(log).grouping if i % 2 == 0 else None
-        events, source, changed = table_outputs(table, log, _stored_rows(table, states, keys | set(expiring)), now,
+        stored = _stored_rows(table, states, keys | set(expiring))
+        if i % 3 != 2:      # the stored rows in record batches of 1 to 3 (as a Delta read gives them, in several):
+            # a partition's records then run across batches, which the engine reads where they are
+            stored = pa.Table.from_batches(stored.to_batches(max_chunksize=rng.randint(1, 3)), schema=stored.schema)
+        events, source, changed = table_outputs(table, log, stored, now,
                                                 prev_now=prev, expiring=expiring, batch_seq=9, threads=threads,
                                                 grouping=grouping)
         where = f"{label}, batch {i}"
@@ -381,3 +385,21 @@ def test_column_and_table_names_that_need_escaping_give_the_python_engines_event
     with compiled_calls() as calls:
         seen = compare_batches(odd, batches, rng, threads=1, label=f"escaped names, seed {seed}")
     assert seen["events"] > 0 and calls and not any(tb.python for tb in calls)
+
+
+def test_stored_rows_in_too_many_batches_to_number_are_joined_into_one():
+    """The engine knows a stored record by its batch (high bits) and row (low bits, below the longest batch's
+    length) in 32 bits: 32,768 batches, one of 65,536 rows, do not fit and are joined into one first; the rows of
+    a usual Delta read (a few batches) are handed over as they are."""
+    few = pa.table({"x": pa.array(range(10))})
+    few = pa.Table.from_batches(few.to_batches(max_chunksize=3))
+    assert [b.num_rows for b in native.stored_batches(few)] == [3, 3, 3, 1]
+    big = pa.record_batch({"x": pa.array(range(65_536))})
+    many = pa.Table.from_batches([big] + [big.slice(i, 1) for i in range(32_767)])
+    joined = native.stored_batches(many)
+    assert len(joined) == 1 and joined[0].column(0).to_pylist() == many.column(0).to_pylist()
+    # the engine itself refuses what it cannot number (and the Python engine then runs the batch: NotCompiled)
+    nulls = pa.RecordBatch.from_arrays([pa.nulls(65_536, f.type) for f in STATE_SCHEMA], schema=STATE_SCHEMA)
+    with pytest.raises(ValueError, match="too many to number"):
+        native.compiled_module().process_table(native.table_desc(make_rules_table()), [],
+                                               [nulls] + [nulls.slice(0, 1)] * 32_767, [], 100, None, 0, "", 1)

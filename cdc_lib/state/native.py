@@ -127,12 +127,12 @@ def process_table(table, cell_log, stored: pa.Table, now: int, *, state_schema: 
     batches). The GIL is released meanwhile.
     """
     log = _as_table(cell_log, CELL_LOG_SCHEMA)
-    st = _one_batch(stored.select(STATE_SCHEMA.names), STATE_SCHEMA)
+    st = _as_table(stored.select(STATE_SCHEMA.names), STATE_SCHEMA)
     expiring = list(expiring)
     try:
-        # the cell log's batches as they are: joining them would copy every column first
-        out = compiled_module().process_table(table_desc(table), log.to_batches(), st, expiring, now, prev_now,
-                                              batch_seq, cluster, threads or default_threads(), grouping)
+        # the cell log's and the stored records' batches as they are: joining them would copy every column first
+        out = compiled_module().process_table(table_desc(table), log.to_batches(), stored_batches(st), expiring, now,
+                                              prev_now, batch_seq, cluster, threads or default_threads(), grouping)
     except ValueError as e:
         raise NotCompiled(f"{table.qualified_name}: {e}") from e
     keys = _array(out["keys"], pa.binary())
@@ -196,7 +196,7 @@ def python_table(table, cell_log, stored: pa.Table, now: int, *, prev_now: Optio
                  expiring: Iterable[bytes] = (), cluster: str = "") -> TableBatch:
     """``process_table``'s answer from the Python engine alone (every partition in ``TableBatch.python``)."""
     log = _as_table(cell_log, CELL_LOG_SCHEMA)
-    st = _one_batch(stored.select(STATE_SCHEMA.names), STATE_SCHEMA)
+    st = _as_table(stored.select(STATE_SCHEMA.names), STATE_SCHEMA)
     tokens = dict(zip(log.column("partition_key").to_pylist(), log.column("token").to_pylist()))
     for pk in expiring:
         tokens.setdefault(pk, murmur3_token(pk))
@@ -213,12 +213,18 @@ def _as_table(data, schema: pa.Schema) -> pa.Table:
     return t if t.schema == schema else t.cast(schema)
 
 
-def _one_batch(data, schema: pa.Schema) -> pa.RecordBatch:
-    t = _as_table(data, schema)
-    return t.combine_chunks().to_batches()[0] if t.num_rows else pa.RecordBatch.from_pylist([], schema=schema)
+def stored_batches(stored: pa.Table) -> list:
+    """The stored rows' record batches as the compiled engine takes them: as they are, unless there are too many
+    to number (it knows a record by a 32-bit number, its batch in the high bits and its row in the low ones
+    below the longest batch's length); then joined into one."""
+    batches = stored.to_batches()
+    longest = max((b.num_rows for b in batches), default=0)
+    if len(batches) << longest.bit_length() >= 2 ** 32 - 1:
+        batches = stored.combine_chunks().to_batches()
+    return batches
 
 
-def _python_partitions(table, log: pa.Table, stored: pa.RecordBatch, keys: list, indexes: list, now: int,
+def _python_partitions(table, log: pa.Table, stored: pa.Table, keys: list, indexes: list, now: int,
                        prev_now: Optional[int], cluster: str) -> dict:
     """The Python engine's results for the partitions the compiled one doubted."""
     wanted = pa.array([k for k, _ in keys], pa.binary())

@@ -136,7 +136,7 @@ fn slice_of(b: &PyBuffer<u8>) -> &[u8] {
 
 /// What `cdc_lib` expects of this module: bumped whenever a class or function changes, so that a module built
 /// from older sources is not used by newer Python code (`cdc_lib.celllog.native`).
-const API: u32 = 5;
+const API: u32 = 6;
 
 const EV_END: u8 = 0;
 const EV_BATCH: u8 = 1;
@@ -535,9 +535,11 @@ fn process_table<'py>(py: Python<'py>, table_desc: &Bound<'py, PyAny>, cell_log:
     // the cell log's record batches, read where they are (their capsules live until the end of the call)
     let log = cell_log.try_iter()?.map(|b| import_array(&b?)).collect::<PyResult<Vec<_>>>()?;
     let log_cols: Vec<Col> = log.iter().map(|e| e.col.clone()).collect();
-    let st = import_array(stored)?;
+    // the stored records' record batches too
+    let st = stored.try_iter()?.map(|b| import_array(&b?)).collect::<PyResult<Vec<_>>>()?;
+    let st_cols: Vec<Col> = st.iter().map(|e| e.col.clone()).collect();
     let settings = state::driver::Settings { threads, now, prev_now, batch_seq, cluster };
-    let (log_col, st_col) = (&log_cols[..], &st.col);
+    let (log_col, st_col) = (&log_cols[..], &st_cols[..]);
     // the engine touches no Python object: other Python threads run meanwhile
     let grouping = grouping.as_deref().map(|g| &g.grouping);
     let out = py.detach(|| state::driver::process_table(&mut table, log_col, st_col, &expiring, grouping, &settings))

@@ -319,9 +319,8 @@ impl ByKey {
     }
 }
 
-/// The stored records (`reconcile.STATE_SCHEMA`) of the batch's partitions, read one partition at a time
-/// (`partition_from_records`) so that only one partition's state is in memory at once.
-struct Stored<'a> {
+/// One record batch of the stored records (`reconcile.STATE_SCHEMA`), with the fields of its list columns' items.
+struct StoredChunk<'a> {
     pk: &'a Col,
     kind: &'a Col,
     ck: &'a Col,
@@ -335,6 +334,52 @@ struct Stored<'a> {
     cells: &'a Col,
     cdels: &'a Col,
     rts: &'a Col,
+    /// a cell's column, path, value, ts, ttl, ldt, tombstone
+    cell: [&'a Col; 7],
+    /// a complex deletion's column, ts, ldt
+    cdel: [&'a Col; 3],
+    /// a range tombstone's start, start_inclusive, end, end_inclusive, ts, ldt
+    rt: [&'a Col; 6],
+}
+
+impl<'a> StoredChunk<'a> {
+    fn new(c: &'a Col) -> Result<StoredChunk<'a>, String> {
+        let f = |c: &'a Col, name: &str, format: &str| -> Result<&'a Col, String> {
+            let col = c.child(name)?;
+            col.expect(format)?;
+            Ok(col)
+        };
+        let (cells, cdels, rts) = (f(c, "cells", "+l")?, f(c, "complex_deletions", "+l")?,
+                                   f(c, "range_tombstones", "+l")?);
+        let (ce, de, re) = (&cells.children[0], &cdels.children[0], &rts.children[0]);
+        Ok(StoredChunk {
+            pk: f(c, "partition_key", "z")?, kind: f(c, "row_kind", "u")?, ck: f(c, "clustering", "z")?,
+            lts: f(c, "liveness_ts", "l")?, lttl: f(c, "liveness_ttl", "i")?, lldt: f(c, "liveness_ldt", "l")?,
+            dts: f(c, "deletion_ts", "l")?, dldt: f(c, "deletion_ldt", "l")?, sts: f(c, "shadowable_ts", "l")?,
+            sldt: f(c, "shadowable_ldt", "l")?, cells, cdels, rts,
+            cell: [f(ce, "column", "u")?, f(ce, "path", "z")?, f(ce, "value", "z")?, f(ce, "ts", "l")?,
+                   f(ce, "ttl", "i")?, f(ce, "ldt", "l")?, f(ce, "tombstone", "b")?],
+            cdel: [f(de, "column", "u")?, f(de, "ts", "l")?, f(de, "ldt", "l")?],
+            rt: [f(re, "start", "z")?, f(re, "start_inclusive", "b")?, f(re, "end", "z")?,
+                 f(re, "end_inclusive", "b")?, f(re, "ts", "l")?, f(re, "ldt", "l")?],
+        })
+    }
+
+    fn columns(&self) -> [&'a Col; 13] {
+        [self.pk, self.kind, self.ck, self.lts, self.lttl, self.lldt, self.dts, self.dldt, self.sts, self.sldt,
+         self.cells, self.cdels, self.rts]
+    }
+}
+
+/// The stored records (`reconcile.STATE_SCHEMA`) of the batch's partitions, read one partition at a time
+/// (`partition_from_records`) so that only one partition's state is in memory at once. They are the record
+/// batches the Delta read gave, read where they are: joining them would copy every column first. A record is
+/// known by a `u32` holding its chunk in the high bits and its row in the low `row_bits`.
+struct Stored<'a> {
+    chunks: Vec<StoredChunk<'a>>,
+    row_bits: u32,
+    /// the place of each chunk's first record among all of them (for `next`)
+    starts: Vec<u32>,
     /// partition key -> its first record; `next` chains a partition's records (no list per partition)
     by_key: ByKey,
     next: Vec<u32>,
@@ -342,58 +387,70 @@ struct Stored<'a> {
 
 impl<'a> Stored<'a> {
     /// The stored records, every column name they hold made known to `t` (not yet indexed: `index`).
-    fn new(t: &mut Table, c: &'a Col) -> Result<Stored<'a>, String> {
-        let f = |name: &str, format: &str| -> Result<&'a Col, String> {
-            let col = c.child(name)?;
-            col.expect(format)?;
-            Ok(col)
-        };
-        let s = Stored {
-            pk: f("partition_key", "z")?, kind: f("row_kind", "u")?, ck: f("clustering", "z")?,
-            lts: f("liveness_ts", "l")?, lttl: f("liveness_ttl", "i")?, lldt: f("liveness_ldt", "l")?,
-            dts: f("deletion_ts", "l")?, dldt: f("deletion_ldt", "l")?, sts: f("shadowable_ts", "l")?,
-            sldt: f("shadowable_ldt", "l")?, cells: f("cells", "+l")?, cdels: f("complex_deletions", "+l")?,
-            rts: f("range_tombstones", "+l")?, by_key: ByKey::with_capacity(0), next: Vec::new(),
-        };
-        let names = [s.cells.children[0].child("column")?, s.cdels.children[0].child("column")?];
-        for col in names {
-            col.expect("u")?;
-            for j in 0..col.len {
-                t.col(col.bytes(j));
+    fn new(t: &mut Table, chunks: &'a [Col]) -> Result<Stored<'a>, String> {
+        let chunks = chunks.iter().map(StoredChunk::new).collect::<Result<Vec<_>, _>>()?;
+        let longest = chunks.iter().map(|c| c.pk.len).max().unwrap_or(0);
+        let row_bits = usize::BITS - longest.leading_zeros();
+        // u32::MAX marks a free slot or the end of a chain: the last chunk's ids stay below it
+        if row_bits > 31 || (chunks.len() as u64) << row_bits >= u32::MAX as u64 {
+            let n = chunks.len();
+            return Err(format!("{n} stored record batches of up to {longest} records: too many to number"));
+        }
+        let mut starts = vec![0u32];
+        for c in &chunks {
+            starts.push(starts.last().unwrap() + c.pk.len as u32);
+            for col in [c.cell[0], c.cdel[0]] {
+                for j in 0..col.len {
+                    t.col(col.bytes(j));
+                }
             }
         }
-        Ok(s)
+        Ok(Stored { chunks, row_bits, starts, by_key: ByKey::with_capacity(0), next: Vec::new() })
+    }
+
+    /// Record `r`'s chunk and its row there.
+    #[inline]
+    fn at(&self, r: u32) -> (&StoredChunk<'a>, usize) {
+        (&self.chunks[(r >> self.row_bits) as usize], (r & ((1 << self.row_bits) - 1)) as usize)
+    }
+
+    /// Record `r`'s place among all the records.
+    #[inline]
+    fn place(&self, r: u32) -> usize {
+        (self.starts[(r >> self.row_bits) as usize] + (r & ((1 << self.row_bits) - 1))) as usize
+    }
+
+    fn key(&self, r: u32) -> &'a [u8] {
+        let (c, i) = self.at(r);
+        c.pk.bytes(i)
     }
 
     /// The records by partition (`by_key` and `next`).
     fn index(&self) -> (ByKey, Vec<u32>) {
-        let n = self.pk.len;
+        let n = *self.starts.last().unwrap() as usize;
         let mut by_key = ByKey::with_capacity(n);
         let mut last = vec![0u32; by_key.slots.len()];
         let mut next = vec![u32::MAX; n];
-        for i in 0..n as u32 {
-            let pk = self.pk.bytes(i as usize);
-            let h = key_hash(pk);
-            let k = by_key.find(h, pk, |r| self.pk.bytes(r as usize));
-            let slot = &mut by_key.slots[k];
-            if slot.first == EMPTY {
-                *slot = Slot { hash: h, first: i };
-            } else {
-                next[last[k] as usize] = i;
+        for (ci, c) in self.chunks.iter().enumerate() {
+            for j in 0..c.pk.len {
+                let (pk, r) = (c.pk.bytes(j), (ci as u32) << self.row_bits | j as u32);
+                let h = key_hash(pk);
+                let k = by_key.find(h, pk, |r| self.key(r));
+                let slot = &mut by_key.slots[k];
+                if slot.first == EMPTY {
+                    *slot = Slot { hash: h, first: r };
+                } else {
+                    next[self.place(last[k])] = r;
+                }
+                last[k] = r;
             }
-            last[k] = i;
         }
         (by_key, next)
     }
 
-    fn columns(&self) -> [&'a Col; 13] {
-        [self.pk, self.kind, self.ck, self.lts, self.lttl, self.lldt, self.dts, self.dldt, self.sts, self.sldt,
-         self.cells, self.cdels, self.rts]
-    }
-
     /// The first record of partition `pk`.
     fn first(&self, pk: &[u8]) -> Option<u32> {
-        let slot = &self.by_key.slots[self.by_key.find(key_hash(pk), pk, |r| self.pk.bytes(r as usize))];
+        let slot = &self.by_key.slots[self.by_key.find(key_hash(pk), pk, |r| self.key(r))];
         (slot.first != EMPTY).then_some(slot.first)
     }
 
@@ -406,8 +463,9 @@ impl<'a> Stored<'a> {
     /// Start loading the first stored record of partition `pk` (its slot loaded by `prefetch_slot`).
     fn prefetch(&self, pk: &[u8]) {
         if let Some(first) = self.by_key.guess(key_hash(pk)) {
-            for col in self.columns() {
-                col.prefetch(first as usize);
+            let (c, i) = self.at(first);
+            for col in c.columns() {
+                col.prefetch(i);
             }
         }
     }
@@ -415,13 +473,13 @@ impl<'a> Stored<'a> {
     /// Start loading the bytes and cells of the first stored record of `pk` (its offsets loaded by `prefetch`).
     fn prefetch_cells(&self, pk: &[u8]) {
         if let Some(first) = self.by_key.guess(key_hash(pk)) {
-            let i = first as usize;
-            for col in self.columns() {
+            let (c, i) = self.at(first);
+            for col in c.columns() {
                 col.prefetch_data(i);
             }
-            if self.cells.valid(i) {
-                let j = self.cells.list_range(i).start;
-                for col in &self.cells.children[0].children {
+            if c.cells.valid(i) {
+                let j = c.cells.list_range(i).start;
+                for col in c.cell {
                     col.prefetch(j);
                 }
             }
@@ -431,46 +489,41 @@ impl<'a> Stored<'a> {
     /// The stored state of one partition (None: not stored).
     fn partition(&self, t: &Table, pk: &[u8]) -> Result<Option<PartitionState>, String> {
         let Some(first) = self.first(pk) else { return Ok(None) };
-        let rows = std::iter::successors(Some(first), |&i| Some(self.next[i as usize])
-            .filter(|&j| j != u32::MAX)).map(|i| i as usize);
-        let ce = &self.cells.children[0];
-        let (c_col, c_path, c_value, c_ts, c_ttl, c_ldt, c_tomb) = (ce.child("column")?, ce.child("path")?,
-            ce.child("value")?, ce.child("ts")?, ce.child("ttl")?, ce.child("ldt")?, ce.child("tombstone")?);
-        let de = &self.cdels.children[0];
-        let (d_col, d_ts, d_ldt) = (de.child("column")?, de.child("ts")?, de.child("ldt")?);
-        let re = &self.rts.children[0];
-        let (r_s, r_si, r_e, r_ei, r_ts, r_ldt) = (re.child("start")?, re.child("start_inclusive")?,
-            re.child("end")?, re.child("end_inclusive")?, re.child("ts")?, re.child("ldt")?);
+        let rows = std::iter::successors(Some(first), |&r| Some(self.next[self.place(r)]).filter(|&j| j != u32::MAX));
         let id = |name: &[u8]| t.lookup(name).ok_or("a column name missed by the index");
         let mut part = PartitionState::default();
-        for i in rows {
-            let k = self.kind.bytes(i);
+        for r in rows {
+            let (c, i) = self.at(r);
+            let [c_col, c_path, c_value, c_ts, c_ttl, c_ldt, c_tomb] = c.cell;
+            let k = c.kind.bytes(i);
             if k == b"partition" {
-                if let Some(ts) = self.dts.opt_i64(i) {
-                    part.deletion = Some((ts, self.dldt.opt_i64(i).ok_or("partition deletion without ldt")?));
+                if let Some(ts) = c.dts.opt_i64(i) {
+                    part.deletion = Some((ts, c.dldt.opt_i64(i).ok_or("partition deletion without ldt")?));
                 }
-                for j in if self.rts.valid(i) { self.rts.list_range(i) } else { 0..0 } {
+                let [r_s, r_si, r_e, r_ei, r_ts, r_ldt] = c.rt;
+                for j in if c.rts.valid(i) { c.rts.list_range(i) } else { 0..0 } {
                     part.rts.insert((r_s.bytes(j).to_vec(), r_si.bool(j), r_e.bytes(j).to_vec(), r_ei.bool(j)),
                                     (r_ts.i64(j), r_ldt.i64(j)));
                 }
                 continue;
             }
             let mut row = RowState::default();
-            if let Some(ts) = self.lts.opt_i64(i) {
-                row.liveness = Some((ts, self.lttl.opt_i32(i).unwrap_or(0),
-                                     self.lldt.opt_i64(i).ok_or("liveness without ldt")?));
+            if let Some(ts) = c.lts.opt_i64(i) {
+                row.liveness = Some((ts, c.lttl.opt_i32(i).unwrap_or(0),
+                                     c.lldt.opt_i64(i).ok_or("liveness without ldt")?));
             }
-            if let Some(ts) = self.dts.opt_i64(i) {
-                row.deletion = Some((ts, self.dldt.opt_i64(i).ok_or("deletion without ldt")?));
+            if let Some(ts) = c.dts.opt_i64(i) {
+                row.deletion = Some((ts, c.dldt.opt_i64(i).ok_or("deletion without ldt")?));
             }
-            if let Some(ts) = self.sts.opt_i64(i) {
-                row.shadowable = Some((ts, self.sldt.opt_i64(i).ok_or("shadowable deletion without ldt")?));
+            if let Some(ts) = c.sts.opt_i64(i) {
+                row.shadowable = Some((ts, c.sldt.opt_i64(i).ok_or("shadowable deletion without ldt")?));
             }
-            for j in if self.cdels.valid(i) { self.cdels.list_range(i) } else { 0..0 } {
+            let [d_col, d_ts, d_ldt] = c.cdel;
+            for j in if c.cdels.valid(i) { c.cdels.list_range(i) } else { 0..0 } {
                 let (e, _) = row.complex_mut(id(d_col.bytes(j))?);
                 *e = Complex { del: Some((d_ts.i64(j), d_ldt.i64(j))), cells: BTreeMap::new() };
             }
-            for j in if self.cells.valid(i) { self.cells.list_range(i) } else { 0..0 } {
+            for j in if c.cells.valid(i) { c.cells.list_range(i) } else { 0..0 } {
                 let col = id(c_col.bytes(j))?;
                 let cell = Cell { ts: c_ts.i64(j), ttl: c_ttl.i32(j), ldt: c_ldt.i64(j), tomb: c_tomb.bool(j),
                                   value: c_value.bytes(j).to_vec() };
@@ -484,7 +537,7 @@ impl<'a> Stored<'a> {
             match k {
                 b"static" => part.static_row = row,
                 b"row" => {
-                    part.rows.insert(Key::from(self.ck.bytes(i)), row);
+                    part.rows.insert(Key::from(c.ck.bytes(i)), row);
                 }
                 other => return Err(format!("unknown state row_kind {:?}", String::from_utf8_lossy(other))),
             }
@@ -700,9 +753,10 @@ pub fn partition_keys(pks: &[Col], tokens: &[Col], threads: usize) -> Result<(Ou
     Ok((keys, toks, Grouping { from: columns_places(&pks, &tokens), grouped }))
 }
 
-/// One table's batch. `cell_log`: the table's records (record batches of `CELL_LOG_SCHEMA`); `stored`: the stored records of every
-/// partition the batch touches (`STATE_SCHEMA`); `expiring`: partitions to sweep that have no records.
-pub fn process_table(t: &mut Table, cell_log: &[Col], stored: &Col, expiring: &[Vec<u8>],
+/// One table's batch. `cell_log`: the table's records (record batches of `CELL_LOG_SCHEMA`); `stored`: the stored
+/// records of every partition the batch touches (record batches of `STATE_SCHEMA`); `expiring`: partitions to
+/// sweep that have no records.
+pub fn process_table(t: &mut Table, cell_log: &[Col], stored: &[Col], expiring: &[Vec<u8>],
                      grouping: Option<&Grouping>, s: &Settings) -> Result<Output, String> {
     let log = CellLog::new(cell_log)?;
     log.intern(t);
