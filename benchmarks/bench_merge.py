@@ -16,6 +16,9 @@ metadata, exactly as ``cdc_lib.sinks.delta`` writes it) is generated vectorised 
 * **plain replace**: the same rows as delete + append in one commit (``write_deltalake(mode="overwrite",
   predicate="id IN (...)")``), the alternative to MERGE for replacing partitions, on at most
   ``--replace-max`` keys (the keys go into an SQL IN list; delta-rs 1.6.6 segfaults parsing 200,000 of them).
+* **fresh memory**: writing as many bytes as the compiled engine's outputs (events and state rows) into memory
+  the process has not used, on two threads: the part of the engine's time that first touching its outputs
+  takes on this machine, whatever the work (measured after the upsert, so an indication, not the same pages).
 
 Rates are changes (rows) per second of wall time on this machine.
 """
@@ -228,15 +231,35 @@ def cdc_merge(root: str, schema, cells: pa.Table, engine: str) -> tuple:
     originals = {n: getattr(delta_store, n) for n in wrapped_names}
     for n, label in wrapped_names.items():
         setattr(delta_store, n, accumulate(label, originals[n]))
+    timed_outputs = delta_store.table_outputs
+
+    def sized_outputs(*x, **k):      # the bytes of what the engine hands back: events and state rows
+        out = timed_outputs(*x, **k)
+        timings["output bytes"] = timings.get("output bytes", 0) + out[0].nbytes + out[1].nbytes
+        return out
+    delta_store.table_outputs = sized_outputs
     t0 = time.perf_counter()
     res = delta_store.run_store_batch(store, schema, cells.to_batches(max_chunksize=65536),
                                       batch_id="bench-1", batch_seq=1, now=NOW + 5)
     cdc = time.perf_counter() - t0
     for n, f in originals.items():
         setattr(delta_store, n, f)
+    output_bytes = timings.pop("output bytes", 0)
     timings["reconcile + events + rows"] = cdc - sum(timings.values())
 
-    return cdc, res["events"], timings, fine
+    return cdc, res["events"], timings, fine, output_bytes
+
+
+def fresh_memory_seconds(nbytes: int, threads: int = 2) -> float:
+    """Seconds to write ``nbytes`` of memory this process has not used yet, on ``threads`` threads, one byte per 4
+    KB page: what first touching the engine's outputs costs on this machine, whatever work writes them. (numpy
+    advises huge pages for large arrays and lets go of the GIL while it fills.)"""
+    from concurrent.futures import ThreadPoolExecutor
+    bufs = [np.empty(nbytes // threads, np.uint8) for _ in range(threads)]
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(threads) as ex:
+        list(ex.map(lambda b: b[::4096].fill(1), bufs))
+    return time.perf_counter() - t0
 
 
 def change_ids(state_rows: int, changes: int, new_fraction: float, seed: int) -> tuple:
@@ -312,7 +335,7 @@ def main(argv=None) -> int:
         plain_s = time.perf_counter() - t0
 
         print(f"state rows {a.state_rows:,}, changes {a.changes:,} ({n_new:,} new)")
-        for engine, (cdc, events, timings, fine) in results.items():
+        for engine, (cdc, events, timings, fine, _) in results.items():
             print(f"cdc merge ({engine:6s}) {cdc:8.1f} s  {a.changes / cdc:12,.0f} changes/s  ({events:,} events)")
             for k, v in timings.items():
                 print(f"  {k:26s} {v:8.1f} s")
@@ -323,7 +346,12 @@ def main(argv=None) -> int:
             rec = timings["reconcile + events + rows"]
             print(f"  reconcile + events + rows: {a.changes / rec:12,.0f} changes/s")
         print(f"plain upsert  {plain_s:8.1f} s  {a.changes / plain_s:12,.0f} rows/s  (deltalake MERGE on id)")
-        for engine, (cdc, events, timings, fine) in results.items():
+        for engine, (*_, output_bytes) in results.items():
+            if output_bytes:
+                fresh = fresh_memory_seconds(output_bytes)
+                print(f"fresh memory ({engine}): {fresh:.2f} s to first write as many bytes as its outputs "
+                      f"({output_bytes / 1e6:,.0f} MB) on 2 threads, one byte per page")
+        for engine, (cdc, events, timings, fine, _) in results.items():
             rec = timings["reconcile + events + rows"]
             print(f"ratio ({engine}): reconcile + events + rows at {plain_s / rec:.3f}x the plain upsert's rate; "
                   f"the whole cdc merge at {plain_s / cdc:.3f}x")
