@@ -13,7 +13,10 @@ range (``reader.coarse_pages`` merges pages under their first page's time). A pa
 first page that could hold it (a wide partition's first page). The state engine merges a
 commit-log mutation older than its partition's horizon without an event (``state.events.apply_batch``,
 ``quiet_before``). A write still in flight while its partition was read (its write time a moment before the read,
-applied a moment after) is merged into the state without an event: the row's next event shows it.
+applied a moment after) is merged into the state without an event: the row's next event shows it. A merged older
+write can also bring back a value whose deletion is newer than the horizon but was seen by the scan (a page is
+timed when asked for, and read a moment later): the row's next event in the batch starts from the row as the
+events showed it, so that deletion makes none.
 """
 from __future__ import annotations
 

@@ -71,7 +71,8 @@ always the row as it is.
 
 ``r`` (a read) is a row a backfill loaded: ``apply_batch(create_op="r")`` for the records of a scan,
 ``snapshot_events`` for the state as it is. ``apply_batch(quiet_before=...)`` merges changes older than a scan's
-read of their partition without an event (``scan.horizon``).
+read of their partition without an event (``scan.horizon``); the partition's next event in the batch starts from
+the row as the events so far showed it.
 
 Other entry points: ``snapshot_events`` (``r`` events of every visible row, for a backfill),
 ``partition_next_expiry`` (a partition's next TTL expiry, so a store can sweep only what can expire).
@@ -268,8 +269,14 @@ def apply_batch(table, states: dict, records: Iterable, now: int, *, cluster: st
         if part is None:
             part = states[pk] = PartitionState()
         horizon = quiet_before(pk) if quiet_before is not None else None
+        # the partition as the events so far showed it, once a quiet change may have moved it silently: a scan
+        # shows no tombstones, so an older write merged again can bring back what a deletion the scan saw
+        # removed. The next event's before image is what consumers hold, not that moment.
+        shown = None
         for ts, group in _partition_changes(recs):
             if horizon is not None and ts < horizon:
+                if shown is None:
+                    shown = part.copy()
                 for rec in group:
                     _apply_record(info, table, part, rec)
                 continue
@@ -283,7 +290,7 @@ def apply_batch(table, states: dict, records: Iterable, now: int, *, cluster: st
                 scope.add(s)
             if whole:
                 only = None
-                before = partition_images(table, part, now, None)
+                before = partition_images(table, part if shown is None else shown, now, None)
             else:
                 # Most mutations change nothing (replica copies, losing late writes): apply them to copies of
                 # the rows in scope and compute the "before" images only when something changed.
@@ -300,13 +307,21 @@ def apply_batch(table, states: dict, records: Iterable, now: int, *, cluster: st
                 continue
             if not whole:
                 current = {ck: part.rows.get(ck) for ck in scope}
-                _swap_rows(part, saved)
-                before = partition_images(table, part, now, only)
-                _swap_rows(part, current)
+                if shown is None:
+                    _swap_rows(part, saved)
+                    before = partition_images(table, part, now, only)
+                    _swap_rows(part, current)
+                else:
+                    before = partition_images(table, shown, now, only)
             after = partition_images(table, part, now, only)
             source = group[0] if len(group) == 1 else min(group, key=_source_copy)
             events += emitter.diff(pk, part, before, after, now, ts, source.get("segment"), source.get("position"),
                                    False, create_op)
+            if shown is not None:       # what this change's images covered is shown as it is now
+                if whole:
+                    shown = None
+                else:
+                    _swap_rows(shown, {ck: None if row is None else row.copy() for ck, row in current.items()})
     return events
 
 
