@@ -408,16 +408,24 @@ impl<'a> Stored<'a> {
         Ok(Stored { chunks, row_bits, starts, by_key: ByKey::with_capacity(0), next: Vec::new() })
     }
 
+    /// Record `r`'s chunk number and its row there.
+    #[inline]
+    fn split(&self, r: u32) -> (usize, usize) {
+        ((r >> self.row_bits) as usize, (r & ((1 << self.row_bits) - 1)) as usize)
+    }
+
     /// Record `r`'s chunk and its row there.
     #[inline]
     fn at(&self, r: u32) -> (&StoredChunk<'a>, usize) {
-        (&self.chunks[(r >> self.row_bits) as usize], (r & ((1 << self.row_bits) - 1)) as usize)
+        let (c, i) = self.split(r);
+        (&self.chunks[c], i)
     }
 
     /// Record `r`'s place among all the records.
     #[inline]
     fn place(&self, r: u32) -> usize {
-        (self.starts[(r >> self.row_bits) as usize] + (r & ((1 << self.row_bits) - 1))) as usize
+        let (c, i) = self.split(r);
+        self.starts[c] as usize + i
     }
 
     fn key(&self, r: u32) -> &'a [u8] {
