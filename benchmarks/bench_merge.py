@@ -232,10 +232,11 @@ def cdc_merge(root: str, schema, cells: pa.Table, engine: str) -> tuple:
     for n, label in wrapped_names.items():
         setattr(delta_store, n, accumulate(label, originals[n]))
     timed_outputs = delta_store.table_outputs
+    output_bytes = [0]      # of what the engine hands back: events and state rows
 
-    def sized_outputs(*x, **k):      # the bytes of what the engine hands back: events and state rows
+    def sized_outputs(*x, **k):
         out = timed_outputs(*x, **k)
-        timings["output bytes"] = timings.get("output bytes", 0) + out[0].nbytes + out[1].nbytes
+        output_bytes[0] += out[0].nbytes + out[1].nbytes
         return out
     delta_store.table_outputs = sized_outputs
     t0 = time.perf_counter()
@@ -244,10 +245,9 @@ def cdc_merge(root: str, schema, cells: pa.Table, engine: str) -> tuple:
     cdc = time.perf_counter() - t0
     for n, f in originals.items():
         setattr(delta_store, n, f)
-    output_bytes = timings.pop("output bytes", 0)
     timings["reconcile + events + rows"] = cdc - sum(timings.values())
 
-    return cdc, res["events"], timings, fine, output_bytes
+    return cdc, res["events"], timings, fine, output_bytes[0]
 
 
 def fresh_memory_seconds(nbytes: int, threads: int = 2) -> float:
