@@ -18,7 +18,9 @@ metadata, exactly as ``cdc_lib.sinks.delta`` writes it) is generated vectorised 
   ``--replace-max`` keys (the keys go into an SQL IN list; delta-rs 1.6.6 segfaults parsing 200,000 of them).
 * **fresh memory**: writing as many bytes as the compiled engine's outputs (events and state rows) into memory
   the process has not used, on two threads: the part of the engine's time that first touching its outputs
-  takes on this machine, whatever the work (measured after the upsert, so an indication, not the same pages).
+  takes on this machine, whatever the work (measured after the upsert, so an indication, not the same pages). On a
+  VM whose balloon reports free memory to the host, it depends on how long the memory has been free: pages the
+  host took back fault in again at about 1 GB/s, pages freed a moment ago about twenty times faster.
 
 Rates are changes (rows) per second of wall time on this machine.
 """

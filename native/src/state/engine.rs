@@ -388,13 +388,13 @@ fn normalize_row_deletion(row: &mut RowState, part_shadow: i64) {
 // ---------------------------------------------------------------------------------------------------------------
 // Applying records (reconcile._apply_record)
 
-/// What an applied record may have changed.
-#[derive(Clone, Debug, PartialEq)]
+/// What an applied record may have changed (`Row`: the record's own row, whose key the caller has).
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Changed {
     Nothing,
     AllRows,
     Static,
-    Row(Vec<u8>),
+    Row,
 }
 
 pub fn apply_record(t: &Table, part: &mut PartitionState, rec: &Rec) -> D<Changed> {
@@ -458,7 +458,7 @@ pub fn apply_record(t: &Table, part: &mut PartitionState, rec: &Rec) -> D<Change
     if row.is_empty() {
         part.rows.remove(k);
     }
-    Ok(if res? { Changed::Row(ck.to_vec()) } else { Changed::Nothing })
+    Ok(if res? { Changed::Row } else { Changed::Nothing })
 }
 
 fn apply_to_row(t: &Table, row: &mut RowState, rec: &Rec) -> D<bool> {
@@ -691,7 +691,7 @@ pub fn row_image(t: &Table, row: &RowState, now: i64) -> D<Option<Image>> {
 }
 
 /// `partition_images(table, part, now, only)`: {row key: images} of the visible CQL rows.
-pub fn partition_images(t: &Table, part: &PartitionState, now: i64, only: Option<&[Vec<u8>]>)
+pub fn partition_images(t: &Table, part: &PartitionState, now: i64, only: Option<&[&[u8]]>)
                         -> D<BTreeMap<RowKey, Images>> {
     let static_img = if part.static_row.is_empty() { None } else { row_image(t, &part.static_row, now)? };
     let static_vals: Image = static_img.clone().unwrap_or_default();
@@ -705,10 +705,10 @@ pub fn partition_images(t: &Table, part: &PartitionState, now: i64, only: Option
             }
         }
         Some(keys) => {
-            for ck in keys {
+            for &ck in keys {
                 if let Some(row) = part.rows.get(KeyRef::new(ck)) {
                     if let Some(img) = row_image(t, row, now)? {
-                        out.insert(Some(Key(ck.clone())), (static_vals.clone(), Some(img)));
+                        out.insert(Some(Key(ck.to_vec())), (static_vals.clone(), Some(img)));
                     }
                 }
             }
@@ -747,7 +747,7 @@ pub struct EventCtx<'a> {
 }
 
 
-fn order_keys(t: &Table, keys: Vec<RowKey>) -> D<Vec<RowKey>> {
+fn order_keys<'k>(t: &Table, keys: Vec<&'k RowKey>) -> D<Vec<&'k RowKey>> {
     if keys.len() <= 1 {
         return Ok(keys);
     }
@@ -791,19 +791,19 @@ impl<'a> Emitter<'a> {
     pub fn diff(&self, pk: &[u8], part: &PartitionState, before: &BTreeMap<RowKey, Images>,
                 after: &BTreeMap<RowKey, Images>, ts_us: i64, source: Option<(&[u8], i64)>, expired: bool,
                 out: &mut Events) -> D<()> {
-        let mut keys: Vec<RowKey> = before.keys().cloned().collect();
+        let mut keys: Vec<&RowKey> = before.keys().collect();
         for k in after.keys() {
             if !before.contains_key(k) {
-                keys.push(k.clone());
+                keys.push(k);
             }
         }
         for key in order_keys(self.t, keys)? {
-            let b = before.get(&key);
-            let a = after.get(&key);
+            let b = before.get(key);
+            let a = after.get(key);
             if a == b {
                 continue;
             }
-            self.event(pk, part, &key, b, a, ts_us, source, expired, out)?;
+            self.event(pk, part, key, b, a, ts_us, source, expired, out)?;
         }
         Ok(())
     }
@@ -887,24 +887,31 @@ fn image_get(img: Option<&Image>, col: ColId) -> Option<&IVal> {
     img.binary_search_by_key(&col, |x| x.0).ok().map(|i| &img[i].1)
 }
 
-/// `split_partition_key`.
-pub fn split_partition_key<'k>(t: &Table, key: &'k [u8]) -> Vec<&'k [u8]> {
-    if t.pk.len() <= 1 {
-        return vec![key];
-    }
-    let mut out = Vec::new();
+/// `split_partition_key`, as the components one at a time (a single-column key is the whole key).
+pub fn partition_key_parts<'k>(t: &Table, key: &'k [u8]) -> impl Iterator<Item = &'k [u8]> {
+    let single = t.pk.len() <= 1;
     let mut i = 0;
-    while i < key.len() {
+    std::iter::from_fn(move || {
+        if single {
+            if i > 0 {
+                return None;
+            }
+            i = 1;
+            return Some(key);
+        }
+        if i >= key.len() {
+            return None;
+        }
         let ln = if i + 2 <= key.len() {
             ((key[i] as usize) << 8) | key[i + 1] as usize
         } else {
             key[i] as usize
         };
         let a = (i + 2).min(key.len());
-        out.push(&key[a..(i + 2 + ln).min(key.len())]);
+        let part = &key[a..(i + 2 + ln).min(key.len())];
         i += 3 + ln;
-    }
-    out
+        Some(part)
+    })
 }
 
 /// The JSON of a primary-key column's value (None: the column is absent from the typed row).
@@ -915,8 +922,7 @@ fn key_col_json(out: &mut String, t: &Table, pk: &[u8], key: &RowKey, col: ColId
         Role::PartitionKey => {
             // a key with fewer components than key columns: Python's event() fails on the missing one
             let i = t.pk.iter().position(|x| *x == col).unwrap();
-            let parts = split_partition_key(t, pk);
-            types::json_value(out, ty, parts.get(i).ok_or(Doubt)?)
+            types::json_value(out, ty, partition_key_parts(t, pk).nth(i).ok_or(Doubt)?)
         }
         _ => {
             let i = t.ck.iter().position(|x| *x == col).unwrap();
@@ -1295,20 +1301,17 @@ pub fn apply_partition(em: &Emitter, pk: &[u8], part: &mut PartitionState, recs:
     let t = em.t;
     for (ts, group) in partition_changes(recs) {
         let whole = group.iter().any(|r| matches!(r.kind, Kind::PartitionDeletion | Kind::RangeTombstone) || r.is_static);
-        let mut scope: Vec<Vec<u8>> = Vec::new();
+        let mut scope: Vec<&[u8]> = Vec::new();
         if !whole {
             for r in &group {
                 if !scope.iter().any(|s| key::eq(s, r.clustering)) {
-                    scope.push(r.clustering.to_vec());
+                    scope.push(r.clustering);
                 }
             }
         }
-        let before_whole = if whole { Some(partition_images(t, part, now, None)?) } else { None };
-        let saved: Vec<(Vec<u8>, Option<RowState>)> = if whole {
-            Vec::new()
-        } else {
-            scope.iter().map(|ck| (ck.clone(), part.rows.get(KeyRef::new(ck)).cloned())).collect()
-        };
+        // the rows in scope as they are before the group (all of them for a whole-partition group): computed
+        // first, so no row has to be copied aside and put back to see them afterwards
+        let before = partition_images(t, part, now, if whole { None } else { Some(&scope) })?;
         let mut changed = false;
         for r in &group {
             if apply_record(t, part, r)? != Changed::Nothing {
@@ -1318,32 +1321,6 @@ pub fn apply_partition(em: &Emitter, pk: &[u8], part: &mut PartitionState, recs:
         if !changed {
             continue;
         }
-        let before = match before_whole {
-            Some(b) => b,
-            None => {
-                // the rows in scope as they were, to compute the "before" images
-                let mut current = Vec::with_capacity(saved.len());
-                for (ck, old) in saved {
-                    let now_row = match old {
-                        Some(row) => part.rows.insert(Key(ck.clone()), row),
-                        None => part.rows.remove(KeyRef::new(&ck)),
-                    };
-                    current.push((ck, now_row));
-                }
-                let b = partition_images(t, part, now, Some(&scope))?;
-                for (ck, row) in current {
-                    match row {
-                        Some(row) => {
-                            part.rows.insert(Key(ck), row);
-                        }
-                        None => {
-                            part.rows.remove(KeyRef::new(&ck));
-                        }
-                    }
-                }
-                b
-            }
-        };
         let after = partition_images(t, part, now, if whole { None } else { Some(&scope) })?;
         // the copy with the smallest (segment id, position, segment) names the source
         let src = group.iter().min_by(|a, b| (a.segment_id, a.position, a.segment).cmp(&(b.segment_id, b.position, b.segment)))
@@ -1413,10 +1390,10 @@ pub fn sweep_partition(em: &Emitter, pk: &[u8], part: &PartitionState, now_befor
     times.sort();
     let mut t_prev = now_before;
     for tm in times {
-        let only: Option<Vec<Vec<u8>>> = if static_times.contains(&tm) {
+        let only: Option<Vec<&[u8]>> = if static_times.contains(&tm) {
             None
         } else {
-            Some(row_times.iter().filter(|(_, acc)| acc.contains(&tm)).map(|(ck, _)| ck.0.clone()).collect())
+            Some(row_times.iter().filter(|(_, acc)| acc.contains(&tm)).map(|(ck, _)| &ck.0[..]).collect())
         };
         let before = partition_images(em.t, part, t_prev, only.as_deref())?;
         let after = partition_images(em.t, part, tm, only.as_deref())?;

@@ -4,7 +4,7 @@
 
 use crate::columns::Bits;
 
-use super::engine::{self, Cell, IVal, Image, Images, PartitionState, RowKey, RowState};
+use super::engine::{self, Cell, IVal, Image, Images, PartitionState, RowState};
 use super::key;
 use super::table::{ColId, Role, Table};
 use super::text;
@@ -793,12 +793,8 @@ impl StateRows {
 
     /// The typed columns of one record: the partition key always; for a visible row every column of its CQL
     /// row; for a row that is not visible its clustering; null elsewhere.
-    fn typed_row(&mut self, t: &Table, pk: &[u8], key: &RowKey, imgs: Option<&Images>, keyed: bool) -> D<()> {
-        let parts = engine::split_partition_key(t, pk);
-        let cl = match key {
-            Some(k) if !k.is_empty() => engine::decode_clustering(k),
-            _ => Vec::new(),
-        };
+    fn typed_row(&mut self, t: &Table, pk: &[u8], ck: &[u8], imgs: Option<&Images>, keyed: bool) -> D<()> {
+        let cl = if ck.is_empty() { Vec::new() } else { engine::decode_clustering(ck) };
         for (i, col) in t.value_cols.iter().enumerate() {
             let c = t.c(*col);
             let ty = c.ty.as_ref().ok_or(Doubt)?;
@@ -806,7 +802,7 @@ impl StateRows {
             match c.role {
                 Role::PartitionKey => {
                     let j = t.pk.iter().position(|x| x == col).unwrap();
-                    arrow_value(o, ty, Some(parts.get(j).ok_or(Doubt)?))?;
+                    arrow_value(o, ty, Some(engine::partition_key_parts(t, pk).nth(j).ok_or(Doubt)?))?;
                 }
                 Role::Clustering => {
                     if imgs.is_some() || keyed {
@@ -852,22 +848,24 @@ impl StateRows {
         let next = engine::next_expiry(part, now);
         let mut present: Vec<(&str, &[u8])> = Vec::new();
         if part.deletion.is_some() || !part.rts.is_empty() {
-            self.typed_row(t, pk, &None, None, false)?;
+            self.typed_row(t, pk, b"", None, false)?;
             self.meta(t, pk, "partition", b"", None, Some(part));
             self.tail(token, false, next, batch_seq, oldest_deletion(t, None, Some(part)));
             present.push(("partition", b""));
         }
         if !part.static_row.is_empty() {
             let imgs = images.get(&None);
-            self.typed_row(t, pk, &None, imgs, false)?;
+            self.typed_row(t, pk, b"", imgs, false)?;
             self.meta(t, pk, "static", b"", Some(&part.static_row), None);
             self.tail(token, imgs.is_some(), next, batch_seq, oldest_deletion(t, Some(&part.static_row), None));
             present.push(("static", b""));
         }
+        // the rows' images in the same key order as the rows (after the static row's, keyed None)
+        let mut row_images = images.iter().filter_map(|(k, im)| Some((k.as_ref()?, im))).peekable();
         for (ck, row) in &part.rows {
-            let key = Some(ck.clone());
-            let imgs = images.get(&key);
-            self.typed_row(t, pk, &key, imgs, true)?;
+            while row_images.next_if(|(k, _)| *k < ck).is_some() {}
+            let imgs = row_images.next_if(|(k, _)| *k == ck).map(|(_, im)| im);
+            self.typed_row(t, pk, ck, imgs, true)?;
             self.meta(t, pk, "row", ck, Some(row), None);
             self.tail(token, imgs.is_some(), next, batch_seq, oldest_deletion(t, Some(row), None));
             present.push(("row", ck));
