@@ -122,6 +122,13 @@ impl Col {
         self.children.iter().find(|c| c.name == name).ok_or_else(|| format!("no column {name}"))
     }
 
+    /// The child `name`, checked to have the Arrow `format` a reader of it expects.
+    pub fn field(&self, name: &str, format: &str) -> Result<&Col, String> {
+        let col = self.child(name)?;
+        col.expect(format)?;
+        Ok(col)
+    }
+
     /// Where the array's values are: its buffers' addresses, its offset and length. Two views with the same place
     /// read the same values while both are exported (Arrow buffers do not change once built).
     pub fn place(&self) -> [usize; 5] {

@@ -186,11 +186,7 @@ struct LogChunk<'a> {
 
 impl<'a> LogChunk<'a> {
     fn new(c: &'a Col) -> Result<LogChunk<'a>, String> {
-        let f = |name: &str, format: &str| -> Result<&'a Col, String> {
-            let col = c.child(name)?;
-            col.expect(format)?;
-            Ok(col)
-        };
+        let f = |name: &str, format: &str| c.field(name, format);
         Ok(LogChunk {
             segment: f("segment", "u")?, segment_id: f("segment_id", "l")?, position: f("position", "l")?,
             entry_index: f("entry_index", "i")?, seq: f("seq", "i")?, pk: f("partition_key", "z")?,
@@ -344,11 +340,7 @@ struct StoredChunk<'a> {
 
 impl<'a> StoredChunk<'a> {
     fn new(c: &'a Col) -> Result<StoredChunk<'a>, String> {
-        let f = |c: &'a Col, name: &str, format: &str| -> Result<&'a Col, String> {
-            let col = c.child(name)?;
-            col.expect(format)?;
-            Ok(col)
-        };
+        let f = |c: &'a Col, name: &str, format: &str| c.field(name, format);
         let (cells, cdels, rts) = (f(c, "cells", "+l")?, f(c, "complex_deletions", "+l")?,
                                    f(c, "range_tombstones", "+l")?);
         let (ce, de, re) = (&cells.children[0], &cdels.children[0], &rts.children[0]);
