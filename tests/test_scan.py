@@ -351,7 +351,6 @@ def test_commit_log_changes_older_than_the_scans_read_make_no_event(schema):
     assert [(list(e["before"]["st"]), list(e["after"]["st"])) for e in later.events] == [(["e0"], ["e0", "y"])]
 
 
-
 def _log_record(table, pk: bytes, ck: bytes, kind: str, column: str, path, value, ts: int, mid: int) -> dict:
     """A cell-log record of ``ks.t`` (one cell or cell tombstone of row ``ck``), as the commit log gives it."""
     from cdc_lib.celllog.schema import CELL_LOG_SCHEMA
@@ -395,6 +394,7 @@ def test_a_write_merged_quietly_shows_in_the_next_event_of_the_batch_after_the_r
     res = process_partition(table, pk, murmur3(pk), log, loaded, 1001, quiet_before=400)
     assert [(sorted(e["before"]["st"]), sorted(e["after"]["st"])) for e in res.events] == \
         [(["e0"], ["e0", "x", "y"])]
+
 
 BIGINT_TABLE = ("CREATE TABLE testtypes1.bigint (id int PRIMARY KEY, bigintval bigint) "
                 "WITH ID = bfd81e60-dce7-11eb-b28f-9116fc548b6b AND cdc = true;")
