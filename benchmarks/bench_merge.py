@@ -21,14 +21,23 @@ metadata, exactly as ``cdc_lib.sinks.delta`` writes it) is generated vectorised 
   takes on this machine, whatever the work (measured after the upsert, so an indication, not the same pages). On a
   VM whose balloon reports free memory to the host, it depends on how long the memory has been free: pages the
   host took back fault in again at about 1 GB/s, pages freed a moment ago about twenty times faster.
+* **output floor** (``--floor``, on when cargo is there): ``benchmarks/state_floor``, a small Rust program built on
+  first use, writes what the engine writes for this batch at the same sizes (event ids: SHA-256 over inputs as
+  long as the ids'; event JSON with full before and after rows; key JSON; state-row columns) on two threads, and
+  nothing else: no grouping, decoding or merging. The least any engine pays for these outputs, so
+  ``plain upsert / floor`` bounds the ratio any engine can reach on this machine. ``fresh``: into newly
+  allocated memory (as the engine's outputs); ``warm``: into buffers already written. Every change is written as
+  an update of an existing row (the ``--new-fraction`` creates have a shorter event), so it errs a little high.
 
 Rates are changes (rows) per second of wall time on this machine.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -264,6 +273,29 @@ def fresh_memory_seconds(nbytes: int, threads: int = 2) -> float:
     return time.perf_counter() - t0
 
 
+FLOOR_CRATE = Path(__file__).resolve().parent / "state_floor"
+
+
+def output_floor(changes: int, threads: int = 2, rounds: int = 3) -> dict | None:
+    """``benchmarks/state_floor``'s answer (built with cargo on first use, into its ignored ``target/``): the
+    seconds to write the outputs of ``changes`` changes on ``threads`` threads; None (and why, on stderr) without
+    cargo or when the build fails."""
+    cargo = shutil.which("cargo")
+    if cargo is None:
+        print("output floor: skipped (no cargo to build benchmarks/state_floor)", file=sys.stderr)
+        return None
+    env = {**os.environ, "CARGO_TARGET_DIR": str(FLOOR_CRATE / "target")}
+    built = subprocess.run([cargo, "build", "--release", "--quiet", "--manifest-path", str(FLOOR_CRATE / "Cargo.toml")],
+                           env=env, capture_output=True, text=True, check=False)
+    if built.returncode != 0:
+        print(f"output floor: skipped (cargo build failed)\n{built.stderr}", file=sys.stderr)
+        return None
+    exe = FLOOR_CRATE / "target" / "release" / "state-floor"
+    ran = subprocess.run([str(exe), "--changes", str(changes), "--threads", str(threads), "--rounds", str(rounds)],
+                         capture_output=True, text=True, check=True)
+    return json.loads(ran.stdout)
+
+
 def change_ids(state_rows: int, changes: int, new_fraction: float, seed: int) -> tuple:
     """(ids, n values, how many ids are new) of a batch: distinct ids, ``new_fraction`` of them odd (not in a
     state built by ``build_state``), the rest even (rows of it), shuffled."""
@@ -308,6 +340,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-compare-replace", dest="compare_replace", action="store_false",
                    help="skip timing delete+append (overwrite with predicate) against MERGE")
     p.add_argument("--replace-max", type=int, default=20_000, help="keys in the delete+append comparison")
+    p.add_argument("--no-floor", dest="floor", action="store_false",
+                   help="skip the output floor (benchmarks/state_floor, built with cargo on first use)")
     a = p.parse_args(argv)
     schema: Schema = load_cql_schema(CQL)
     table = schema.by_name("bench", "kv")
@@ -353,10 +387,18 @@ def main(argv=None) -> int:
                 fresh = fresh_memory_seconds(output_bytes)
                 print(f"fresh memory ({engine}): {fresh:.2f} s to first write as many bytes as its outputs "
                       f"({output_bytes / 1e6:,.0f} MB) on 2 threads, one byte per page")
+        floor = output_floor(a.changes) if a.floor else None
+        if floor:
+            fresh_s, warm_s = min(floor["fresh_s"]), min(floor["warm_s"])
+            print(f"output floor: {fresh_s:.2f} s into fresh memory, {warm_s:.2f} s warm, "
+                  f"on {floor['threads']} threads ({floor['bytes'] / 1e6:,.0f} MB: ids, event JSON, key JSON, "
+                  f"state rows; no grouping, decoding or merging): any engine's reconcile + events + rows "
+                  f"at most {plain_s / fresh_s:.3f}x ({plain_s / warm_s:.3f}x warm)")
         for engine, (cdc, events, timings, fine, _) in results.items():
             rec = timings["reconcile + events + rows"]
+            extra = f"; {rec / min(floor['fresh_s']):.1f}x the output floor's time" if floor else ""
             print(f"ratio ({engine}): reconcile + events + rows at {plain_s / rec:.3f}x the plain upsert's rate; "
-                  f"the whole cdc merge at {plain_s / cdc:.3f}x")
+                  f"the whole cdc merge at {plain_s / cdc:.3f}x{extra}")
         sys.stdout.flush()
 
         # --- the same kind of upsert as delete + append in one commit (overwrite with a predicate), on a
