@@ -21,13 +21,14 @@ metadata, exactly as ``cdc_lib.sinks.delta`` writes it) is generated vectorised 
   takes on this machine, whatever the work (measured after the upsert, so an indication, not the same pages). On a
   VM whose balloon reports free memory to the host, it depends on how long the memory has been free: pages the
   host took back fault in again at about 1 GB/s, pages freed a moment ago about twenty times faster.
-* **output floor** (``--floor``, on when cargo is there): ``benchmarks/state_floor``, a small Rust program built on
-  first use, writes what the engine writes for this batch at the same sizes (event ids: SHA-256 over inputs as
-  long as the ids'; event JSON with full before and after rows; key JSON; state-row columns) on two threads, and
-  nothing else: no grouping, decoding or merging. The least any engine pays for these outputs, so
-  ``plain upsert / floor`` bounds the ratio any engine can reach on this machine. ``fresh``: into newly
-  allocated memory (as the engine's outputs); ``warm``: into buffers already written. Every change is written as
-  an update of an existing row (the ``--new-fraction`` creates have a shorter event), so it errs a little high.
+* **output floor** (needs cargo; ``--no-floor`` skips it): ``benchmarks/state_floor``, a small Rust program built
+  on first use, writes what the engine writes for this batch at the same sizes (event ids: SHA-256 over inputs as
+  long as the ids'; event JSON with full before and after rows; key JSON; state-row columns) on as many threads as
+  the engine, best of three rounds, and nothing else: no grouping, decoding or merging. The least any engine
+  pays for these outputs, so ``plain upsert / floor`` bounds the ratio any engine can reach on this machine.
+  ``fresh``: into newly allocated memory (as the engine's outputs); ``warm``: into buffers already written. Every
+  change is written as an update of an existing row (the ``--new-fraction`` creates have a shorter event), so it
+  errs a little high.
 
 Rates are changes (rows) per second of wall time on this machine.
 """
@@ -54,6 +55,7 @@ from cdc_lib.cql.schema import Schema  # noqa: E402
 from cdc_lib.cql.schema_from_ddl import load_cql_schema  # noqa: E402
 from cdc_lib.cql.tokens import token as murmur3_token  # noqa: E402
 from cdc_lib.sinks import delta as delta_store  # noqa: E402
+from cdc_lib.state import native as native_state  # noqa: E402
 
 CQL = """
 CREATE KEYSPACE bench WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 3};
@@ -276,7 +278,7 @@ def fresh_memory_seconds(nbytes: int, threads: int = 2) -> float:
 FLOOR_CRATE = Path(__file__).resolve().parent / "state_floor"
 
 
-def output_floor(changes: int, threads: int = 2, rounds: int = 3) -> dict | None:
+def output_floor(changes: int, threads: int, rounds: int = 3) -> dict | None:
     """``benchmarks/state_floor``'s answer (built with cargo on first use, into its ignored ``target/``): the
     seconds to write the outputs of ``changes`` changes on ``threads`` threads; None (and why, on stderr) without
     cargo or when the build fails."""
@@ -387,7 +389,7 @@ def main(argv=None) -> int:
                 fresh = fresh_memory_seconds(output_bytes)
                 print(f"fresh memory ({engine}): {fresh:.2f} s to first write as many bytes as its outputs "
                       f"({output_bytes / 1e6:,.0f} MB) on 2 threads, one byte per page")
-        floor = output_floor(a.changes) if a.floor else None
+        floor = output_floor(a.changes, threads=native_state.default_threads()) if a.floor else None
         if floor:
             fresh_s, warm_s = min(floor["fresh_s"]), min(floor["warm_s"])
             print(f"output floor: {fresh_s:.2f} s into fresh memory, {warm_s:.2f} s warm, "
