@@ -340,7 +340,7 @@ struct StoredChunk<'a> {
 
 impl<'a> StoredChunk<'a> {
     fn new(c: &'a Col) -> Result<StoredChunk<'a>, String> {
-        let f = |c: &'a Col, name: &str, format: &str| c.field(name, format);
+        let f = Col::field;
         let (cells, cdels, rts) = (f(c, "cells", "+l")?, f(c, "complex_deletions", "+l")?,
                                    f(c, "range_tombstones", "+l")?);
         let (ce, de, re) = (&cells.children[0], &cdels.children[0], &rts.children[0]);

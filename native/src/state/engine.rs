@@ -1309,9 +1309,10 @@ pub fn apply_partition(em: &Emitter, pk: &[u8], part: &mut PartitionState, recs:
                 }
             }
         }
-        // the rows in scope as they are before the group (all of them for a whole-partition group): computed
-        // first, so no row has to be copied aside and put back to see them afterwards
-        let before = partition_images(t, part, now, if whole { None } else { Some(&scope) })?;
+        // the rows in scope (all of them for a whole-partition group), before and after the group: the before
+        // images are computed first, so no row has to be copied aside and put back to see them afterwards
+        let only = if whole { None } else { Some(&scope[..]) };
+        let before = partition_images(t, part, now, only)?;
         let mut changed = false;
         for r in &group {
             if apply_record(t, part, r)? != Changed::Nothing {
@@ -1321,7 +1322,7 @@ pub fn apply_partition(em: &Emitter, pk: &[u8], part: &mut PartitionState, recs:
         if !changed {
             continue;
         }
-        let after = partition_images(t, part, now, if whole { None } else { Some(&scope) })?;
+        let after = partition_images(t, part, now, only)?;
         // the copy with the smallest (segment id, position, segment) names the source
         let src = group.iter().min_by(|a, b| (a.segment_id, a.position, a.segment).cmp(&(b.segment_id, b.position, b.segment)))
             .unwrap();
