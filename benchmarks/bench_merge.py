@@ -390,15 +390,16 @@ def main(argv=None) -> int:
                 print(f"fresh memory ({engine}): {fresh:.2f} s to first write as many bytes as its outputs "
                       f"({output_bytes / 1e6:,.0f} MB) on 2 threads, one byte per page")
         floor = output_floor(a.changes, threads=native_state.default_threads()) if a.floor else None
+        fresh_s = min(floor["fresh_s"]) if floor else None      # the floor's time, as the engine's: fresh memory
         if floor:
-            fresh_s, warm_s = min(floor["fresh_s"]), min(floor["warm_s"])
+            warm_s = min(floor["warm_s"])
             print(f"output floor: {fresh_s:.2f} s into fresh memory, {warm_s:.2f} s warm, "
                   f"on {floor['threads']} threads ({floor['bytes'] / 1e6:,.0f} MB: ids, event JSON, key JSON, "
                   f"state rows; no grouping, decoding or merging): any engine's reconcile + events + rows "
                   f"at most {plain_s / fresh_s:.3f}x ({plain_s / warm_s:.3f}x warm)")
         for engine, (cdc, events, timings, fine, _) in results.items():
             rec = timings["reconcile + events + rows"]
-            extra = f"; {rec / min(floor['fresh_s']):.1f}x the output floor's time" if floor else ""
+            extra = f"; {rec / fresh_s:.1f}x the output floor's time" if floor else ""
             print(f"ratio ({engine}): reconcile + events + rows at {plain_s / rec:.3f}x the plain upsert's rate; "
                   f"the whole cdc merge at {plain_s / cdc:.3f}x{extra}")
         sys.stdout.flush()
