@@ -36,7 +36,7 @@ from servers import consume_topic, get_local_spark_session
 from sstable_check import differences, select_cell_times, state_cell_times
 
 from cdc_lib import pipeline as P
-from cdc_lib.agent.cdc_raw import holds_data
+from cdc_lib.agent.cdc_raw import IDX_SUFFIXES, holds_data, read_idx
 from cdc_lib.agent.shipper import Agent
 from cdc_lib.commitlog.reader import LogSchema, decode_entry
 from cdc_lib.commitlog.model import Mutation
@@ -88,6 +88,21 @@ def ship(agents: dict) -> int:
     return sum(a.run_once() for a in agents.values())
 
 
+def wait_for_a_synced_live_segment(cluster: LocalCassandra, timeout_s: float = 30.0) -> None:
+    """Wait until some node's live segment has a ``_cdc.idx`` past its start. Cassandra writes it at each
+    commit-log sync (every 10 s here): shipping the live prefixes before the first one would find nothing to
+    ship, which a busy machine makes likelier."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for node in cluster.nodes:
+            for idx in node.cdc_raw.glob(f"*{IDX_SUFFIXES[0]}"):
+                state = read_idx(idx)
+                if state is not None and not state.completed and state.offset > 0:
+                    return
+        time.sleep(0.2)
+    raise AssertionError(f"no live segment's _cdc.idx moved past its start within {timeout_s} s")
+
+
 def run_pipeline(cfg: P.PipelineConfig, spark) -> list:
     batches = P.run_until_idle(cfg, spark=spark)
     assert batches, "the pipeline found nothing to do"
@@ -115,6 +130,7 @@ def run_scenario(cluster: LocalCassandra, base: Path, kafka_broker: str, spark) 
 
     t1 = time.monotonic()
     phase_one(rec)
+    wait_for_a_synced_live_segment(cluster)
     ship(agents)                                     # live prefixes (the idx of the live segments)
     expired_by = short_ttls(rec, SHORT_TTL)
     rec.capture()

@@ -3,6 +3,7 @@
 //! changed partitions and the events out. A partition the engine is not sure of (`Doubt`) appends nothing and
 //! is named in `doubted`: the Python engine processes it, and the caller puts its events at its place.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use super::arrow_in::{prefetch_line, Col};
@@ -487,7 +488,7 @@ impl<'a> Stored<'a> {
     }
 
     /// The stored state of one partition (None: not stored).
-    fn partition(&self, t: &Table, pk: &[u8]) -> Result<Option<PartitionState>, String> {
+    fn partition(&self, t: &Table, pk: &[u8]) -> Result<Option<PartitionState<'a>>, String> {
         let Some(first) = self.first(pk) else { return Ok(None) };
         let rows = std::iter::successors(Some(first), |&r| Some(self.next[self.place(r)]).filter(|&j| j != u32::MAX));
         let id = |name: &[u8]| t.lookup(name).ok_or("a column name missed by the index");
@@ -526,11 +527,11 @@ impl<'a> Stored<'a> {
             for j in if c.cells.valid(i) { c.cells.list_range(i) } else { 0..0 } {
                 let col = id(c_col.bytes(j))?;
                 let cell = Cell { ts: c_ts.i64(j), ttl: c_ttl.i32(j), ldt: c_ldt.i64(j), tomb: c_tomb.bool(j),
-                                  value: c_value.bytes(j).to_vec() };
+                                  value: Cow::Borrowed(c_value.bytes(j)) };
                 match c_path.opt_bytes(j) {
                     None => row.set_cell(col, cell),
                     Some(p) => {
-                        row.complex_mut(col).0.cells.insert(p.to_vec(), cell);
+                        row.complex_mut(col).0.cells.insert(Cow::Borrowed(p), cell);
                     }
                 }
             }
@@ -547,8 +548,8 @@ impl<'a> Stored<'a> {
 }
 
 /// `process_partition` for one partition: the events, the new state, whether it must be written back.
-fn process_partition(em: &Emitter, pk: &[u8], recs: &[Rec], prior: Option<&PartitionState>, s: &Settings,
-                     events: &mut Events) -> D<(PartitionState, bool)> {
+fn process_partition<'a>(em: &Emitter, pk: &[u8], recs: &[Rec<'a>], prior: Option<&PartitionState<'a>>, s: &Settings,
+                         events: &mut Events) -> D<(PartitionState<'a>, bool)> {
     let mut state = prior.cloned().unwrap_or_default();
     let mut swept = false;
     if let (Some(prev), Some(_)) = (s.prev_now, prior) {
@@ -877,8 +878,8 @@ impl Run {
 }
 
 /// One partition's records without replica copies (`dedupe_records`): one record per identity, the copy with the
-/// smallest source, at the place of the first copy.
-fn partition_records(log: &CellLog, recs: &[Rid], kept: &mut Vec<Rid>) {
+/// smallest source, at the place of the first copy. `ids`: room for the kept records' identities.
+fn partition_records<'a>(log: &CellLog<'a>, recs: &[Rid], kept: &mut Vec<Rid>, ids: &mut Vec<Identity<'a>>) {
     kept.clear();
     let keep = |kept: &mut Vec<Rid>, slot: Option<usize>, r: Rid| match slot {
         None => kept.push(r),
@@ -889,9 +890,14 @@ fn partition_records(log: &CellLog, recs: &[Rid], kept: &mut Vec<Rid>) {
         }
     };
     if recs.len() <= 16 {
+        // each record's identity read once (the kept ones' compared against every later record)
+        ids.clear();
         for &r in recs {
             let id = log.identity(r);
-            let slot = kept.iter().position(|&k| log.identity(k) == id);
+            let slot = ids.iter().position(|k| *k == id);
+            if slot.is_none() {
+                ids.push(id);
+            }
             keep(kept, slot, r);
         }
     } else {
@@ -910,13 +916,14 @@ fn partition_records(log: &CellLog, recs: &[Rid], kept: &mut Vec<Rid>) {
 }
 
 /// The partitions `order` (publish order; the first is partition number `first` of the batch).
-fn process_run(em: &Emitter, stored: &Stored, log: &CellLog, sorted: &[Rid], order: &[Part], first: usize,
-               s: &Settings) -> Result<Run, String> {
+fn process_run<'a>(em: &Emitter, stored: &Stored<'a>, log: &CellLog<'a>, sorted: &[Rid], order: &[Part], first: usize,
+                   s: &Settings) -> Result<Run, String> {
     let t = em.t;
     let mut out = Run { doubted: Vec::new(), events: Events::with_capacity(order.len()), state: StateRows::new(t),
                         changed: 0 };
     let mut recs: Vec<Rec> = Vec::new();
     let mut kept: Vec<Rid> = Vec::new();
+    let mut ids: Vec<Identity> = Vec::new();
     // the state columns are sized once from what the first partitions wrote (a sample large enough to be typical)
     let sample = (order.len() / 32).max(1024);
     // what partition i reads is asked for ahead, in steps that each need the one before done: the records'
@@ -943,7 +950,7 @@ fn process_run(em: &Emitter, stored: &Stored, log: &CellLog, sorted: &[Rid], ord
         let idx = first + i;
         recs.clear();
         let mut unknown = false;
-        partition_records(log, &sorted[part.recs.clone()], &mut kept);
+        partition_records(log, &sorted[part.recs.clone()], &mut kept, &mut ids);
         for &r in &kept {
             match log.rec(t, r) {
                 Some(r) => recs.push(r),

@@ -3,6 +3,7 @@
 //! visible-row images before and after each, and one event per changed row (JSON envelope and content-hash id
 //! included, see `event`). Python's engine is the reference; the tests compare every output byte.
 
+use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
@@ -21,64 +22,69 @@ pub const EXPIRED_LIVENESS_TTL: i32 = i32::MAX;
 pub type Del = (i64, i64);
 pub type Lv = (i64, i32, i64);
 
+/// A cell's value or path: borrowed from the Arrow input it was read from (the stored rows or the cell log, both
+/// alive for the whole batch), owned only where the engine makes one (a counter's shard). Values are copied
+/// from state to state and into images many times per change; a borrowed one is copied as a pointer.
+pub type Bytes<'a> = Cow<'a, [u8]>;
+
 #[derive(Clone, PartialEq, Debug)]
-pub struct Cell {
+pub struct Cell<'a> {
     pub ts: i64,
     pub ttl: i32,
     pub ldt: i64,
     pub tomb: bool,
-    pub value: Vec<u8>,
+    pub value: Bytes<'a>,
 }
 
 #[derive(Clone, PartialEq, Debug, Default)]
-pub struct Complex {
+pub struct Complex<'a> {
     pub del: Option<Del>,
-    pub cells: BTreeMap<Vec<u8>, Cell>,
+    pub cells: BTreeMap<Bytes<'a>, Cell<'a>>,
 }
 
 /// One clustering row or the static row (`reconcile.RowState`); `cells` and `complex` sorted by column id.
 #[derive(Clone, PartialEq, Debug, Default)]
-pub struct RowState {
+pub struct RowState<'a> {
     pub liveness: Option<Lv>,
     pub deletion: Option<Del>,
     pub shadowable: Option<Del>,
-    pub cells: Vec<(ColId, Cell)>,
-    pub complex: Vec<(ColId, Complex)>,
+    pub cells: Vec<(ColId, Cell<'a>)>,
+    pub complex: Vec<(ColId, Complex<'a>)>,
 }
 
 pub type RtKey = (Vec<u8>, bool, Vec<u8>, bool);
 
 #[derive(Clone, PartialEq, Debug, Default)]
-pub struct PartitionState {
+pub struct PartitionState<'a> {
     pub deletion: Option<Del>,
     pub rts: BTreeMap<RtKey, Del>,
-    pub static_row: RowState,
-    pub rows: BTreeMap<Key, RowState>,
+    pub static_row: RowState<'a>,
+    pub rows: BTreeMap<Key, RowState<'a>>,
 }
 
-impl RowState {
+impl<'a> RowState<'a> {
     pub fn is_empty(&self) -> bool {
         self.liveness.is_none() && self.deletion.is_none() && self.shadowable.is_none() && self.cells.is_empty()
             && self.complex.is_empty()
     }
 
-    pub fn cell(&self, c: ColId) -> Option<&Cell> {
+    pub fn cell(&self, c: ColId) -> Option<&Cell<'a>> {
         self.cells.binary_search_by_key(&c, |x| x.0).ok().map(|i| &self.cells[i].1)
     }
 
-    pub(crate) fn set_cell(&mut self, c: ColId, cell: Cell) {
+    pub(crate) fn set_cell(&mut self, c: ColId, cell: Cell<'a>) {
         match self.cells.binary_search_by_key(&c, |x| x.0) {
             Ok(i) => self.cells[i].1 = cell,
             Err(i) => self.cells.insert(i, (c, cell)),
         }
     }
 
-    pub fn complex_of(&self, c: ColId) -> Option<&Complex> {
+    pub fn complex_of(&self, c: ColId) -> Option<&Complex<'a>> {
         self.complex.binary_search_by_key(&c, |x| x.0).ok().map(|i| &self.complex[i].1)
     }
 
     /// The complex entry of `c` (created empty when missing), and whether it was created.
-    pub(crate) fn complex_mut(&mut self, c: ColId) -> (&mut Complex, bool) {
+    pub(crate) fn complex_mut(&mut self, c: ColId) -> (&mut Complex<'a>, bool) {
         match self.complex.binary_search_by_key(&c, |x| x.0) {
             Ok(i) => (&mut self.complex[i].1, false),
             Err(i) => {
@@ -89,7 +95,7 @@ impl RowState {
     }
 }
 
-impl PartitionState {
+impl PartitionState<'_> {
     pub fn is_empty(&self) -> bool {
         self.deletion.is_none() && self.rts.is_empty() && self.static_row.is_empty() && self.rows.is_empty()
     }
@@ -217,7 +223,7 @@ pub fn row_shadow_ts(t: &Table, part: &PartitionState, ck: &[u8]) -> D<i64> {
 // ---------------------------------------------------------------------------------------------------------------
 // Reconciliation of single values (reconcile.reconcile_cells, ...)
 
-pub fn reconcile_cells<'c>(a: &'c Cell, b: &'c Cell) -> &'c Cell {
+pub fn reconcile_cells<'c, 'a>(a: &'c Cell<'a>, b: &'c Cell<'a>) -> &'c Cell<'a> {
     if a.ts != b.ts {
         return if a.ts > b.ts { a } else { b };
     }
@@ -327,14 +333,14 @@ fn apply_counter(row: &mut RowState, column: ColId, ts: i64, context: &[u8]) -> 
             .cells
             .iter()
             .filter(|(p, _)| p.get(..16) == Some(&cid[..]))
-            .map(|(p, c)| (p.clone(), shard_rank(c), c.ts))
+            .map(|(p, c)| (p.to_vec(), shard_rank(c), c.ts))
             .collect();
         if same.iter().any(|(_, r, t)| *r >= rank && *t >= ts) {
             continue;
         }
         for (p, r, t) in &same {
             if *r <= rank && *t <= ts {
-                entry.cells.remove(p);
+                entry.cells.remove(&p[..]);
             }
         }
         let (kind, clock, count) = rank;
@@ -344,7 +350,8 @@ fn apply_counter(row: &mut RowState, column: ColId, ts: i64, context: &[u8]) -> 
         value.extend_from_slice(&count.to_be_bytes());
         let mut path = cid;
         path.extend_from_slice(&ts.to_be_bytes());
-        entry.cells.insert(path, Cell { ts, ttl: 0, ldt: NO_DELETION_TIME, tomb: false, value });
+        entry.cells.insert(Cow::Owned(path), Cell { ts, ttl: 0, ldt: NO_DELETION_TIME, tomb: false,
+                                                    value: Cow::Owned(value) });
         changed = true;
     }
     Ok(changed)
@@ -397,7 +404,7 @@ pub enum Changed {
     Row,
 }
 
-pub fn apply_record(t: &Table, part: &mut PartitionState, rec: &Rec) -> D<Changed> {
+pub fn apply_record<'a>(t: &Table, part: &mut PartitionState<'a>, rec: &Rec<'a>) -> D<Changed> {
     let ts = rec.ts;
     let ldt = rec.ldt;
     if rec.kind == Kind::PartitionDeletion {
@@ -461,7 +468,7 @@ pub fn apply_record(t: &Table, part: &mut PartitionState, rec: &Rec) -> D<Change
     Ok(if res? { Changed::Row } else { Changed::Nothing })
 }
 
-fn apply_to_row(t: &Table, row: &mut RowState, rec: &Rec) -> D<bool> {
+fn apply_to_row<'a>(t: &Table, row: &mut RowState<'a>, rec: &Rec<'a>) -> D<bool> {
     let ts = rec.ts;
     let ldt = rec.ldt;
     if rec.kind == Kind::RowDeletion {
@@ -480,8 +487,8 @@ fn apply_to_row(t: &Table, row: &mut RowState, rec: &Rec) -> D<bool> {
         Kind::Cell | Kind::CellTombstone => {
             let column = rec.column.ok_or(Doubt)?;
             let tomb = rec.kind == Kind::CellTombstone;
-            let value = if tomb { Vec::new() } else { rec.value.unwrap_or(b"").to_vec() };
-            let cell = Cell { ts, ttl: if tomb { 0 } else { rec.ttl }, ldt, tomb, value };
+            let value: &'a [u8] = if tomb { b"" } else { rec.value.unwrap_or(b"") };
+            let cell = Cell { ts, ttl: if tomb { 0 } else { rec.ttl }, ldt, tomb, value: Cow::Borrowed(value) };
             let col = t.c(column);
             if !tomb && col.counter {
                 return apply_counter(row, column, ts, &cell.value);
@@ -507,7 +514,7 @@ fn apply_to_row(t: &Table, row: &mut RowState, rec: &Rec) -> D<bool> {
                         w.clone()
                     }
                 };
-                entry.cells.insert(path.to_vec(), new);
+                entry.cells.insert(Cow::Borrowed(path), new);
                 return Ok(true);
             }
             let new = match row.cell(column) {
@@ -574,18 +581,21 @@ fn apply_to_row(t: &Table, row: &mut RowState, rec: &Rec) -> D<bool> {
 /// A column's value in an image: value bytes, a counter's total, or a complex column's (path, value) items
 /// (paths None for lists).
 #[derive(Clone, PartialEq, Debug)]
-pub enum IVal {
-    Bytes(Vec<u8>),
+pub enum IVal<'a> {
+    Bytes(Bytes<'a>),
     Counter(i128),
-    Items(Vec<(Option<Vec<u8>>, Vec<u8>)>),
+    Items(Vec<Item<'a>>),
 }
 
+/// A complex column's live (path, value) item.
+pub type Item<'a> = (Option<Bytes<'a>>, Bytes<'a>);
+
 /// {column: value}, sorted by column id.
-pub type Image = Vec<(ColId, IVal)>;
+pub type Image<'a> = Vec<(ColId, IVal<'a>)>;
 
 /// (static values, row image): the static part is the static row's image (empty when it has none) for a
 /// clustering row, and the image itself for the static-only row, whose row part is None.
-pub type Images = (Image, Option<Image>);
+pub type Images<'a> = (Image<'a>, Option<Image<'a>>);
 
 /// Row keys: Some(clustering bytes), or None for the static-only row.
 pub type RowKey = Option<Key>;
@@ -599,7 +609,7 @@ fn liveness_live(lv: &Option<Lv>, now: i64) -> bool {
 }
 
 /// `_row_image`: None when the row is not live.
-pub fn row_image(t: &Table, row: &RowState, now: i64) -> D<Option<Image>> {
+pub fn row_image<'a>(t: &Table, row: &RowState<'a>, now: i64) -> D<Option<Image<'a>>> {
     let extra_shadow = NO_TIMESTAMP;
     let lv = row.liveness;
     let shadow = match row.shadowable {
@@ -608,7 +618,7 @@ pub fn row_image(t: &Table, row: &RowState, now: i64) -> D<Option<Image>> {
         Some(s) => s.0,
     };
     let live = matches!(lv, Some(l) if l.0 > shadow) && liveness_live(&lv, now);
-    let mut image: Image = Vec::new();
+    let mut image: Image<'a> = Vec::new();
     for (col, cell) in &row.cells {
         let c = t.c(*col);
         if cell.tomb || cell.ts <= shadow || (cell.ttl != 0 && now >= cell.ldt) || !c.current {
@@ -658,7 +668,7 @@ pub fn row_image(t: &Table, row: &RowState, now: i64) -> D<Option<Image>> {
             continue;
         }
         // BTreeMap order: (path, value) sorted by path bytes (paths are unique)
-        let mut items: Vec<(Option<Vec<u8>>, Vec<u8>)> = e.cells.iter()
+        let mut items: Vec<Item<'a>> = e.cells.iter()
             .filter(|(_, x)| x.ts > floor && !x.tomb && (x.ttl == 0 || now < x.ldt))
             .map(|(p, x)| (Some(p.clone()), x.value.clone()))
             .collect();
@@ -691,10 +701,10 @@ pub fn row_image(t: &Table, row: &RowState, now: i64) -> D<Option<Image>> {
 }
 
 /// `partition_images(table, part, now, only)`: {row key: images} of the visible CQL rows.
-pub fn partition_images(t: &Table, part: &PartitionState, now: i64, only: Option<&[&[u8]]>)
-                        -> D<BTreeMap<RowKey, Images>> {
+pub fn partition_images<'a>(t: &Table, part: &PartitionState<'a>, now: i64, only: Option<&[&[u8]]>)
+                            -> D<BTreeMap<RowKey, Images<'a>>> {
     let static_img = if part.static_row.is_empty() { None } else { row_image(t, &part.static_row, now)? };
-    let static_vals: Image = static_img.clone().unwrap_or_default();
+    let static_vals: Image<'a> = static_img.clone().unwrap_or_default();
     let mut out = BTreeMap::new();
     match only {
         None => {
@@ -882,7 +892,7 @@ impl<'a> Emitter<'a> {
     }
 }
 
-fn image_get(img: Option<&Image>, col: ColId) -> Option<&IVal> {
+fn image_get<'i, 'a>(img: Option<&'i Image<'a>>, col: ColId) -> Option<&'i IVal<'a>> {
     let img = img?;
     img.binary_search_by_key(&col, |x| x.0).ok().map(|i| &img[i].1)
 }
@@ -962,9 +972,9 @@ pub fn ival_json(out: &mut String, ty: &Ty, v: &IVal) -> D<()> {
 }
 
 /// A complex column's value from its live items (`decode_cells` of the items in path order, then `to_json`).
-fn complex_json(out: &mut String, ty: &Ty, items: &[(Option<Vec<u8>>, Vec<u8>)]) -> D<()> {
+fn complex_json(out: &mut String, ty: &Ty, items: &[Item]) -> D<()> {
     match ty {
-        Ty::List(e, _) => types::json_list(out, items.iter().map(|(_, v)| (&**e, Some(v.as_slice())))),
+        Ty::List(e, _) => types::json_list(out, items.iter().map(|(_, v)| (&**e, Some(&v[..])))),
         Ty::Set(e, _) => {
             let ordered = in_path_order(e, items)?;
             types::json_list(out, ordered.iter().map(|(p, _)| (&**e, Some(*p))))
@@ -994,8 +1004,8 @@ fn complex_json(out: &mut String, ty: &Ty, items: &[(Option<Vec<u8>>, Vec<u8>)])
 }
 
 /// Items sorted by `path_type.sort_key(path)` (stable), as (path, value) slices.
-pub fn in_path_order<'i>(pt: &Ty, items: &'i [(Option<Vec<u8>>, Vec<u8>)]) -> D<Vec<(&'i [u8], &'i [u8])>> {
-    let mut v: Vec<(&[u8], &[u8])> = items.iter().map(|(p, x)| (p.as_deref().unwrap_or(b""), x.as_slice())).collect();
+pub fn in_path_order<'i>(pt: &Ty, items: &'i [Item]) -> D<Vec<(&'i [u8], &'i [u8])>> {
+    let mut v: Vec<(&[u8], &[u8])> = items.iter().map(|(p, x)| (p.as_deref().unwrap_or(b""), &x[..])).collect();
     let mut err = None;
     v.sort_by(|a, b| types::sort_key_cmp(pt, a.0, b.0).unwrap_or_else(|d| {
         err = Some(d);
@@ -1133,20 +1143,16 @@ fn repr_row_state(out: &mut String, t: &Table, row: Option<&RowState>) -> D<()> 
     out.push_str(", ");
     repr_del(out, &row.shadowable);
     out.push_str(", ");
-    let mut cells: Vec<&(ColId, Cell)> = row.cells.iter().collect();
-    cells.sort_by(|a, b| t.name_of(a.0).cmp(t.name_of(b.0)));
     let mut tup = ReprTuple::open(out);
-    for (col, c) in cells {
+    for (col, c) in t.in_name_order(&row.cells) {
         named_item(out, &mut tup, t, *col)?;
         repr_cell(out, c);
         out.push(')');
     }
     tup.close(out);
     out.push_str(", ");
-    let mut complex: Vec<&(ColId, Complex)> = row.complex.iter().collect();
-    complex.sort_by(|a, b| t.name_of(a.0).cmp(t.name_of(b.0)));
     let mut tup = ReprTuple::open(out);
-    for (col, e) in complex {
+    for (col, e) in t.in_name_order(&row.complex) {
         named_item(out, &mut tup, t, *col)?;
         repr_del(out, &e.del);
         out.push_str(", ");
@@ -1191,10 +1197,8 @@ fn repr_ival(out: &mut String, v: &IVal) {
 
 /// `repr(sorted(img.items()))`.
 fn repr_image(out: &mut String, t: &Table, img: &Image) -> D<()> {
-    let mut items: Vec<&(ColId, IVal)> = img.iter().collect();
-    items.sort_by(|a, b| t.name_of(a.0).cmp(t.name_of(b.0)));
     out.push('[');
-    for (i, (col, v)) in items.into_iter().enumerate() {
+    for (i, (col, v)) in t.in_name_order(img).enumerate() {
         if i > 0 {
             out.push_str(", ");
         }
@@ -1296,8 +1300,8 @@ pub fn partition_changes<'r, 'a>(recs: &'r [Rec<'a>]) -> Vec<(i64, Vec<&'r Rec<'
 }
 
 /// `apply_batch` for one partition's (deduplicated) records.
-pub fn apply_partition(em: &Emitter, pk: &[u8], part: &mut PartitionState, recs: &[Rec], now: i64,
-                       out: &mut Events) -> D<()> {
+pub fn apply_partition<'a>(em: &Emitter, pk: &[u8], part: &mut PartitionState<'a>, recs: &[Rec<'a>], now: i64,
+                           out: &mut Events) -> D<()> {
     let t = em.t;
     for (ts, group) in partition_changes(recs) {
         let whole = group.iter().any(|r| matches!(r.kind, Kind::PartitionDeletion | Kind::RangeTombstone) || r.is_static);

@@ -4,7 +4,7 @@
 
 use crate::columns::Bits;
 
-use super::engine::{self, Cell, IVal, Image, Images, PartitionState, RowState};
+use super::engine::{self, Cell, IVal, Image, Images, Item, PartitionState, RowState};
 use super::key;
 use super::table::{ColId, Role, Table};
 use super::text;
@@ -570,7 +570,7 @@ fn hashable(t: &Ty) -> bool {
 
 /// Append a complex column's typed value from its live items (`decode_cells` in path order, then the
 /// converter).
-pub fn arrow_complex(o: &mut Out, t: &Ty, items: &[(Option<Vec<u8>>, Vec<u8>)]) -> D<()> {
+pub fn arrow_complex(o: &mut Out, t: &Ty, items: &[Item]) -> D<()> {
     match t {
         Ty::List(e, _) => {
             for (_, v) in items {
@@ -743,14 +743,10 @@ impl StateRows {
                 self.shadowable_ts.opt_i64(r.shadowable.map(|d| d.0));
                 self.shadowable_ldt.opt_i64(r.shadowable.map(|d| d.1));
                 // simple cells by column name, then each complex column (by name): its deletion, its cells by path
-                let mut cells: Vec<&(ColId, Cell)> = r.cells.iter().collect();
-                cells.sort_by(|a, b| t.name_of(a.0).cmp(t.name_of(b.0)));
-                for (col, c) in cells {
+                for (col, c) in t.in_name_order(&r.cells) {
                     self.push_cell(t, *col, None, c);
                 }
-                let mut complex: Vec<&(ColId, engine::Complex)> = r.complex.iter().collect();
-                complex.sort_by(|a, b| t.name_of(a.0).cmp(t.name_of(b.0)));
-                for (col, e) in complex.iter() {
+                for (col, e) in t.in_name_order(&r.complex) {
                     if let Some(d) = e.del {
                         let cd = self.complex_deletions.child(0);
                         cd.child(0).bytes(t.name_of(*col).as_bytes());
@@ -818,7 +814,7 @@ impl StateRows {
                         let src: Option<&Image> = if role == Role::Static { Some(&im.0) } else { im.1.as_ref() };
                         match src.and_then(|img| img.binary_search_by_key(col, |x| x.0).ok().map(|k| &img[k].1)) {
                             None => o.null(),
-                            Some(IVal::Bytes(b)) => arrow_value(o, ty, Some(b))?,
+                            Some(IVal::Bytes(b)) => arrow_value(o, ty, Some(&b[..]))?,
                             Some(IVal::Counter(total)) => o.i64(i64::try_from(*total).map_err(|_| Doubt)?),
                             Some(IVal::Items(items)) => arrow_complex(o, ty, items)?,
                         }

@@ -62,6 +62,9 @@ pub struct Table {
     /// every column name and the table id are printable ASCII, so event ids (hashes of Python reprs) can be
     /// computed here (see `text::repr_ascii_str`)
     pub repr_ok: bool,
+    /// column ids follow their names' order: ids are given in name order, and stay so unless data names an
+    /// unknown column that sorts before a known one (`in_name_order`)
+    ids_by_name: bool,
     /// the columns `col` gave last: names come in runs (a row's columns, row after row)
     recent: [ColId; 4],
 }
@@ -81,10 +84,20 @@ impl Table {
         let mut t = Table { id_str, id_repr, source_names_json, keyspace, name, cols: Vec::new(),
                             by_name: FxMap::default(), pk: Vec::new(), ck: Vec::new(), value_cols: Vec::new(),
                             typed_cols: Vec::new(), change_plan: Vec::new(),
-                            repr_ok: true, recent: [ColId::MAX; 4] };
+                            repr_ok: true, ids_by_name: true, recent: [ColId::MAX; 4] };
         let drop_times: HashMap<String, i64> = dropped.iter().map(|(n, _, t)| (n.clone(), *t)).collect();
+        // ids in name order, schema and dropped columns alike: a row's cells, kept by id, are then in the order
+        // the event ids and state rows list them (by name) without sorting
+        let mut names: Vec<String> = columns.iter().map(|c| c.name.clone()).chain(dropped.iter().map(|d| d.0.clone()))
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        let id_of = |name: &str| {
+            names.binary_search_by(|n| n.as_str().cmp(name)).expect("every name is listed") as ColId
+        };
+        let mut cols: Vec<Option<Column>> = (0..names.len()).map(|_| None).collect();
         for c in columns {
-            let id = t.cols.len() as ColId;
+            let id = id_of(&c.name);
             let is_key = matches!(c.role, Role::PartitionKey | Role::Clustering);
             match c.role {
                 Role::PartitionKey => t.pk.push(id),
@@ -100,21 +113,22 @@ impl Table {
             let list = matches!(c.ty, Ty::List(..)) && complex;
             t.by_name.insert(c.name.as_bytes().to_vec(), id);
             let (repr, json_key) = (repr_of(&c.name), json_key_of(&c.name));
-            t.cols.push(Column { drop_time: drop_times.get(&c.name).copied(), name: c.name, repr, json_key,
-                                 ty: Some(c.ty), role: c.role, current: true, counter, complex, list,
-                                 reversed: c.reversed });
+            cols[id as usize] = Some(Column { drop_time: drop_times.get(&c.name).copied(), name: c.name, repr,
+                                              json_key, ty: Some(c.ty), role: c.role, current: true, counter,
+                                              complex, list, reversed: c.reversed });
         }
         for (name, ty, time) in dropped {
             if t.by_name.contains_key(name.as_bytes()) {
-                continue; // re-added: the current column, with its drop time (above)
+                continue; // re-added: the current column, with its drop time (above); or named twice: the first
             }
-            let id = t.cols.len() as ColId;
+            let id = id_of(&name);
             t.by_name.insert(name.as_bytes().to_vec(), id);
             let (repr, json_key) = (repr_of(&name), json_key_of(&name));
-            t.cols.push(Column { name, repr, json_key, counter: ty == Ty::Counter, complex: ty.is_multicell(),
-                                 ty: Some(ty), role: Role::Dropped, current: false, drop_time: Some(time), list: false,
-                                 reversed: false });
+            cols[id as usize] = Some(Column { name, repr, json_key, counter: ty == Ty::Counter,
+                                              complex: ty.is_multicell(), ty: Some(ty), role: Role::Dropped,
+                                              current: false, drop_time: Some(time), list: false, reversed: false });
         }
+        t.cols = cols.into_iter().map(|c| c.expect("every name has its column")).collect();
         let mut rest: Vec<ColId> = t.typed_cols.clone();
         rest.sort_by(|a, b| t.cols[*a as usize].name.cmp(&t.cols[*b as usize].name));
         t.value_cols = t.pk.iter().chain(&t.ck).chain(&rest).copied().collect();
@@ -135,6 +149,9 @@ impl Table {
         }
         let id = self.cols.len() as ColId;
         let name_s = String::from_utf8_lossy(name).into_owned();
+        if self.cols.last().is_some_and(|last| last.name > name_s) {
+            self.ids_by_name = false;
+        }
         let (repr, json_key) = (repr_of(&name_s), json_key_of(&name_s));
         if repr.is_none() || name_s.as_bytes() != name {
             self.repr_ok = false;
@@ -159,6 +176,16 @@ impl Table {
         &self.cols[id as usize].name
     }
 
+    /// `items`, sorted by column id, in column-name order (sorted again only when ids do not follow names).
+    pub fn in_name_order<'x, T>(&self, items: &'x [(ColId, T)]) -> NameOrder<'x, T> {
+        if self.ids_by_name || items.len() < 2 {
+            return NameOrder::AsTheyAre(items.iter());
+        }
+        let mut v: Vec<&(ColId, T)> = items.iter().collect();
+        v.sort_by(|a, b| self.name_of(a.0).cmp(self.name_of(b.0)));
+        NameOrder::Sorted(v.into_iter())
+    }
+
     /// A column's name as a JSON string (its `json_key` without the colon).
     pub fn json_name(&self, id: ColId) -> &str {
         let k = &self.cols[id as usize].json_key;
@@ -179,4 +206,22 @@ fn json_of(s: &str) -> String {
 
 fn json_key_of(s: &str) -> String {
     json_of(s) + ":"
+}
+
+/// `Table::in_name_order`'s items.
+pub enum NameOrder<'x, T> {
+    AsTheyAre(std::slice::Iter<'x, (ColId, T)>),
+    Sorted(std::vec::IntoIter<&'x (ColId, T)>),
+}
+
+impl<'x, T> Iterator for NameOrder<'x, T> {
+    type Item = &'x (ColId, T);
+
+    #[inline]
+    fn next(&mut self) -> Option<Self::Item> {
+        match self {
+            NameOrder::AsTheyAre(i) => i.next(),
+            NameOrder::Sorted(i) => i.next(),
+        }
+    }
 }
