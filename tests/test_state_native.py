@@ -210,6 +210,13 @@ def compiled_calls():
         yield calls
 
 
+def test_the_installed_engine_times_no_phases():
+    """Phase times (``benchmarks/engine_phases.py``) are a build of their own: the module the package runs reads
+    no clock in its hot loop."""
+    import cdc_native
+    assert cdc_native.phase_times() is None
+
+
 def test_the_comparison_sees_events_and_rows_from_the_compiled_engine():
     """The workloads give the compiled engine real work: events and rows, not partitions handed back."""
     with compiled_calls() as calls:

@@ -573,6 +573,18 @@ fn process_table<'py>(py: Python<'py>, table_desc: &Bound<'py, PyAny>, cell_log:
     Ok(d)
 }
 
+/// The state engine's time by phase since the last call, {phase name: ticks} (`state::phases`); None unless the
+/// module was built with the `phase-times` feature (`benchmarks/engine_phases.py` builds one).
+#[pyfunction]
+fn phase_times(py: Python<'_>) -> PyResult<Option<Bound<'_, PyDict>>> {
+    let Some(ticks) = state::phases::take() else { return Ok(None) };
+    let d = PyDict::new(py);
+    for (name, t) in state::phases::NAMES.iter().zip(ticks) {
+        d.set_item(name, t)?;
+    }
+    Ok(Some(d))
+}
+
 /// The distinct partitions of a table's cell-log records in publish order (see
 /// `cdc_lib.state.native.partition_keys`): (binary keys as an `out_spec`, their int64 tokens, the `Grouping`
 /// `process_table` takes to group the same records without sorting them again).
@@ -612,6 +624,7 @@ fn cdc_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(mutation_id, m)?)?;
     m.add_function(wrap_pyfunction!(process_table, m)?)?;
     m.add_function(wrap_pyfunction!(partition_keys, m)?)?;
+    m.add_function(wrap_pyfunction!(phase_times, m)?)?;
     m.add_class::<Grouping>()?;
     m.add("EV_END", EV_END)?;
     m.add("EV_BATCH", EV_BATCH)?;

@@ -10,6 +10,7 @@ use super::arrow_in::{prefetch_line, Col};
 use super::engine::{self, Cell, Complex, EventCtx, Emitter, Kind, PartitionState, Rec, RowState};
 use super::key::{self, Key};
 use super::out::{Events, Out, StateRows};
+use super::phases::{self, Clock, Phase};
 use super::table::Table;
 use crate::fxhash::FxMap;
 use super::types::D;
@@ -548,9 +549,11 @@ impl<'a> Stored<'a> {
 }
 
 /// `process_partition` for one partition: the events, the new state, whether it must be written back.
+#[allow(clippy::too_many_arguments)]
 fn process_partition<'a>(em: &Emitter, pk: &[u8], recs: &[Rec<'a>], prior: Option<&PartitionState<'a>>, s: &Settings,
-                         events: &mut Events) -> D<(PartitionState<'a>, bool)> {
+                         events: &mut Events, clock: &mut Clock) -> D<(PartitionState<'a>, bool)> {
     let mut state = prior.cloned().unwrap_or_default();
+    clock.lap(Phase::PartitionCopies);
     let mut swept = false;
     if let (Some(prev), Some(_)) = (s.prev_now, prior) {
         if s.now > prev {
@@ -561,10 +564,12 @@ fn process_partition<'a>(em: &Emitter, pk: &[u8], recs: &[Rec<'a>], prior: Optio
     if !recs.is_empty() {
         engine::apply_partition(em, pk, &mut state, recs, s.now, events)?;
     }
+    clock.lap(Phase::PartitionMerge);
     let changed = swept || match prior {
         None => !state.is_empty(),
         Some(p) => &state != p,
     };
+    clock.lap(Phase::PartitionCopies);
     Ok((state, changed))
 }
 
@@ -950,6 +955,7 @@ fn process_run<'a>(em: &Emitter, stored: &Stored<'a>, log: &CellLog<'a>, sorted:
         let idx = first + i;
         recs.clear();
         let mut unknown = false;
+        let mut clock = Clock::start();
         partition_records(log, &sorted[part.recs.clone()], &mut kept, &mut ids);
         for &r in &kept {
             match log.rec(t, r) {
@@ -961,17 +967,23 @@ fn process_run<'a>(em: &Emitter, stored: &Stored<'a>, log: &CellLog<'a>, sorted:
             out.doubted.push(idx);
             continue;
         }
+        clock.lap(Phase::PartitionRecords);
         let prior_state = stored.partition(t, pk)?;
+        clock.lap(Phase::PartitionStored);
         let prior = prior_state.as_ref();
         let mark = out.state.n;
         let events_mark = out.events.len();
         out.events.current = idx as i32;
-        let done = process_partition(em, pk, &recs, prior, s, &mut out.events).and_then(|(state, changed)| {
+        let done = process_partition(em, pk, &recs, prior, s, &mut out.events, &mut clock).and_then(|(state, changed)| {
             if changed {
                 out.state.change_rows(t, pk, token, prior, &state, s.now, s.batch_seq)?;
             }
+            clock.lap(Phase::PartitionStateRows);
+            drop(state);
             Ok(changed)
         });
+        drop(prior_state);
+        clock.lap(Phase::PartitionCopies);
         match done {
             Ok(changed) => out.changed += changed as usize,
             Err(_) => {
@@ -981,5 +993,6 @@ fn process_run<'a>(em: &Emitter, stored: &Stored<'a>, log: &CellLog<'a>, sorted:
             }
         }
     }
+    phases::flush();
     Ok(out)
 }

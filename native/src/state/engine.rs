@@ -13,6 +13,7 @@ use super::key::{self, Key, KeyRef};
 use super::table::{ColId, Role, Table};
 use super::text::{json_str, push_hex, push_i128, push_i64, repr_bytes};
 use super::out::Events;
+use super::phases::{Clock, Phase};
 use super::types::{self, Doubt, Ty, D};
 
 pub const NO_TIMESTAMP: i64 = i64::MIN;
@@ -825,13 +826,19 @@ impl<'a> Emitter<'a> {
              ts_us: i64, source: Option<(&[u8], i64)>, expired: bool, out: &mut Events) -> D<()> {
         let t = self.t;
         let op = if b.is_none() { b'c' } else if a.is_none() { b'd' } else { b'u' };
-        let digest = event_id(t, pk, key, op, ts_us, expired, part, a, &mut out.scratch)?;
+        let mut clock = Clock::start();
+        event_id_text(t, pk, key, op, ts_us, expired, part, a, &mut out.scratch)?;
+        clock.lap(Phase::EventsIdText);
+        let digest = event_id_of(&out.scratch);
+        clock.lap(Phase::EventsIdHash);
         out.event_id.push_str_with(|id| {
             push_hex(id, &digest);
             Ok(())
         })?;
         out.event_json.push_str_with(|ej| self.event_json(ej, pk, key, b, a, ts_us, source, expired, op, &digest))?;
+        clock.lap(Phase::EventsJson);
         out.key_json.push_str_with(|kj| key_json(kj, t, pk, key))?;
+        clock.lap(Phase::EventsKey);
         out.op.bytes(&[op]);
         out.ts_us.push(ts_us);
         out.partition.push(out.current);
@@ -1212,11 +1219,11 @@ fn repr_image(out: &mut String, t: &Table, img: &Image) -> D<()> {
     Ok(())
 }
 
-/// `events._event_id`: the first 16 bytes (32 hex digits) of SHA-256 over the reprs Python hashes, one after the
-/// other (written into `s`, then hashed at once: the same digest as hashing each in turn).
+/// The reprs `events._event_id` hashes, one after the other, written into `s` (`event_id_of` hashes them at once:
+/// the same digest as hashing each in turn).
 #[allow(clippy::too_many_arguments)]
-pub fn event_id(t: &Table, pk: &[u8], key: &RowKey, op: u8, ts_us: i64, expired: bool, part: &PartitionState,
-                a_img: Option<&Images>, s: &mut String) -> D<[u8; 16]> {
+pub fn event_id_text(t: &Table, pk: &[u8], key: &RowKey, op: u8, ts_us: i64, expired: bool, part: &PartitionState,
+                     a_img: Option<&Images>, s: &mut String) -> D<()> {
     if !t.repr_ok {
         return Err(Doubt);
     }
@@ -1268,8 +1275,12 @@ pub fn event_id(t: &Table, pk: &[u8], key: &RowKey, op: u8, ts_us: i64, expired:
         }
         s.push(')');
     }
-    let digest = Sha256::digest(s.as_bytes());
-    Ok(digest[..16].try_into().expect("a SHA-256 digest has 32 bytes"))
+    Ok(())
+}
+
+/// `events._event_id`: the first 16 bytes (32 hex digits) of SHA-256 over `event_id_text`.
+pub fn event_id_of(text: &str) -> [u8; 16] {
+    Sha256::digest(text.as_bytes())[..16].try_into().expect("a SHA-256 digest has 32 bytes")
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -1316,21 +1327,26 @@ pub fn apply_partition<'a>(em: &Emitter, pk: &[u8], part: &mut PartitionState<'a
         // the rows in scope (all of them for a whole-partition group), before and after the group: the before
         // images are computed first, so no row has to be copied aside and put back to see them afterwards
         let only = if whole { None } else { Some(&scope[..]) };
+        let mut clock = Clock::start();
         let before = partition_images(t, part, now, only)?;
+        clock.lap(Phase::MergeImages);
         let mut changed = false;
         for r in &group {
             if apply_record(t, part, r)? != Changed::Nothing {
                 changed = true;
             }
         }
+        clock.lap(Phase::MergeApply);
         if !changed {
             continue;
         }
         let after = partition_images(t, part, now, only)?;
+        clock.lap(Phase::MergeImages);
         // the copy with the smallest (segment id, position, segment) names the source
         let src = group.iter().min_by(|a, b| (a.segment_id, a.position, a.segment).cmp(&(b.segment_id, b.position, b.segment)))
             .unwrap();
         em.diff(pk, part, &before, &after, ts, Some((src.segment, src.position)), false, out)?;
+        clock.lap(Phase::MergeEvents);
     }
     Ok(())
 }

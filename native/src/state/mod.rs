@@ -3,6 +3,7 @@ pub mod driver;
 pub mod engine;
 pub mod key;
 pub mod out;
+pub mod phases;
 pub mod table;
 pub mod text;
 pub mod types;

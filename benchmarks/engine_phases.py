@@ -1,0 +1,109 @@
+"""Benchmark (not a test): where the compiled state engine's time goes, phase by phase.
+
+    .venv/bin/python benchmarks/engine_phases.py --changes 1000000
+
+The same batch as ``bench_merge.py`` (``UPDATE kv SET v = ?, n = ? WHERE id = ?`` on distinct ids, a fifth of them
+new; the stored rows of the others, as the state table holds them) through ``sinks.delta.table_outputs``
+``--calls`` times in one process, with a build of ``native/`` made with the ``phase-times`` feature (cargo, on
+first use, into ``native/target/phase-times``; the installed module is not touched). That build reads the
+time-stamp counter where each phase ends (``native/src/state/phases.rs``); a sampling profiler cannot tell the
+phases apart, as they are inlined into one another. Reading the clock costs a few percent, so the figures are
+shares, not speeds: ``bench_merge.py`` times the engine.
+
+Printed per phase: its share of the engine threads' time, and about how much CPU time per change that is (the
+share of the calls' user + system CPU time; the part before the threads start and the Python around the call
+are in the CPU time but in no phase, so this errs a little high). Phases nest, as their names say.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow as pa
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET = ROOT / "native" / "target" / "phase-times"
+
+
+def build() -> Path:
+    """The engine built with phase times (cargo), as a ``cdc_native`` package in a temporary directory."""
+    cargo = shutil.which("cargo")
+    if cargo is None:
+        sys.exit("engine_phases: needs cargo to build native/ with the phase-times feature")
+    env = {**os.environ, "CARGO_TARGET_DIR": str(TARGET)}
+    subprocess.run([cargo, "build", "--release", "--quiet", "--features", "phase-times",
+                    "--manifest-path", str(ROOT / "native" / "Cargo.toml")], env=env, check=True)
+    lib = TARGET / "release" / ("libcdc_native.dylib" if sys.platform == "darwin" else "libcdc_native.so")
+    pkg = Path(tempfile.mkdtemp(prefix="engine-phases-")) / "cdc_native"
+    pkg.mkdir()
+    shutil.copy(lib, pkg / "cdc_native.abi3.so")
+    (pkg / "__init__.py").write_text("from .cdc_native import *  # noqa: F403\n")
+    return pkg.parent
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--changes", type=int, default=1_000_000)
+    p.add_argument("--new-fraction", type=float, default=0.2)
+    p.add_argument("--calls", type=int, default=3, help="calls of the engine on the batch (their times summed)")
+    p.add_argument("--seed", type=int, default=1)
+    a = p.parse_args(argv)
+    built = build()
+    try:
+        return run(a, built)
+    finally:
+        shutil.rmtree(built, ignore_errors=True)
+
+
+def run(a, built: Path) -> int:
+    sys.path.insert(0, str(built))      # this build's cdc_native before the installed one
+    sys.path.insert(1, str(ROOT / "benchmarks"))
+    import cdc_native
+    if getattr(cdc_native, "phase_times", lambda: None)() is None:
+        sys.exit(f"engine_phases: {cdc_native.__file__} times no phases (built without phase-times?)")
+    os.environ["CASSANDRA_CDC_NATIVE"] = "1"
+    import bench_merge as bm
+
+    from cdc_lib.cql.schema_from_ddl import load_cql_schema
+    from cdc_lib.sinks import delta as delta_store
+    from cdc_lib.state import native as native_state
+
+    table = load_cql_schema(bm.CQL).by_name("bench", "kv")
+    ids, nvals, n_new = bm.change_ids(a.changes, a.changes, a.new_fraction, a.seed)
+    # in record batches of 64K records, as bench_merge hands them to the pipeline
+    cells = pa.Table.from_batches(bm.change_records(table, ids, bm.TS0 + 1_000_000, "w", nvals)
+                                  .to_batches(max_chunksize=65536))
+    stored = bm.state_chunk(table, ids[ids % 2 == 0], bm.TS0)      # even ids are stored rows
+    print(f"{a.changes:,} changes ({n_new:,} new), {stored.num_rows:,} stored rows, engine {cdc_native.__file__}")
+    cdc_native.phase_times()            # from zero
+    cpu = wall = 0.0
+    for _ in range(a.calls):
+        grouping = native_state.partition_keys(cells).grouping
+        r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        out = delta_store.table_outputs(table, cells, stored, bm.NOW + 5, grouping=grouping)
+        wall += time.perf_counter() - t0
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        cpu += r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
+        assert out[0].num_rows == a.changes, out[0].num_rows
+        del out
+    ticks = cdc_native.phase_times()
+    total = sum(t for name, t in ticks.items() if name.startswith("partition:"))
+    per_change = cpu / a.calls / a.changes * 1e6
+    print(f"{a.calls} calls: {wall / a.calls:.2f} s wall and {cpu / a.calls:.2f} s CPU each "
+          f"({per_change:.2f} us of CPU per change)")
+    print(f"{'phase':32s} {'share':>7s} {'us/change':>10s}")
+    for name, t in ticks.items():
+        indent = "" if name.startswith("partition:") else "  " if name.startswith("merge:") else "    "
+        print(f"{indent + name:32s} {100 * t / total:6.1f}% {per_change * t / total:10.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
