@@ -83,7 +83,7 @@ def run(a, built: Path) -> int:
     stored = bm.state_chunk(table, ids[ids % 2 == 0], bm.TS0)      # even ids are stored rows
     print(f"{a.changes:,} changes ({n_new:,} new), {stored.num_rows:,} stored rows, engine {cdc_native.__file__}")
     cdc_native.phase_times()            # from zero
-    cpu = wall = 0.0
+    cpu = wall = system = 0.0
     for _ in range(a.calls):
         grouping = native_state.partition_keys(cells).grouping
         r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
@@ -91,13 +91,14 @@ def run(a, built: Path) -> int:
         wall += time.perf_counter() - t0
         r1 = resource.getrusage(resource.RUSAGE_SELF)
         cpu += r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
+        system += r1.ru_stime - r0.ru_stime
         assert out[0].num_rows == a.changes, out[0].num_rows
         del out
     ticks = cdc_native.phase_times()
     total = sum(t for name, t in ticks.items() if name.startswith("partition:"))
     per_change = cpu / a.calls / a.changes * 1e6
-    print(f"{a.calls} calls: {wall / a.calls:.2f} s wall and {cpu / a.calls:.2f} s CPU each "
-          f"({per_change:.2f} us of CPU per change)")
+    print(f"{a.calls} calls: {wall / a.calls:.2f} s wall and {cpu / a.calls:.2f} s CPU each, {system / a.calls:.2f} s "
+          f"of it system time (first touches of fresh memory): {per_change:.2f} us of CPU per change")
     print(f"{'phase':32s} {'share':>7s} {'us/change':>10s}")
     for name, t in ticks.items():
         indent = "" if name.startswith("partition:") else "  " if name.startswith("merge:") else "    "

@@ -439,7 +439,7 @@ fn mutation_id<'py>(py: Python<'py>, data: &[u8]) -> Bound<'py, PyBytes> {
 // ---- the state engine (state.native) ---------------------------------------------------------------------
 
 use state::arrow_in::{Col, FFIArrowArray, FFIArrowSchema};
-use state::out::Out;
+use state::out::{filled, Out};
 use state::table::{ColumnDesc, Role};
 use state::types::Ty;
 
@@ -502,15 +502,20 @@ fn out_spec(py: Python<'_>, o: Out) -> PyResult<Py<PyAny>> {
         let nulls = b.count_zeros();
         Ok((nulls, if nulls > 0 { Some(bits_buf(py, b)?) } else { None }))
     };
-    let (len, (nulls, valid), bufs, children): (usize, (usize, Option<Py<PyAny>>), Vec<Py<PyAny>>, Vec<Py<PyAny>>) = match o {
+    type Spec = (usize, (usize, Option<Py<PyAny>>), Vec<Py<PyAny>>, Vec<Py<PyAny>>);
+    let fixed = |py: Python<'_>, values: BufData, valid: Bits| -> PyResult<Spec> {
+        Ok((valid.len, validity(py, valid)?, vec![buf(py, values)?], vec![]))
+    };
+    let (len, (nulls, valid), bufs, children): Spec = match o {
         Out::Var { offsets, data, valid } => (valid.len, validity(py, valid)?,
                                               vec![buf(py, BufData::I32(offsets))?, buf(py, BufData::U8(data))?], vec![]),
-        Out::I8 { v, valid } => (valid.len, validity(py, valid)?, vec![buf(py, BufData::U8(le_bytes(v, i8::to_le_bytes)))?], vec![]),
-        Out::I16 { v, valid } => (valid.len, validity(py, valid)?, vec![buf(py, BufData::U8(le_bytes(v, i16::to_le_bytes)))?], vec![]),
-        Out::I32 { v, valid } => (valid.len, validity(py, valid)?, vec![buf(py, BufData::I32(v))?], vec![]),
-        Out::I64 { v, valid } => (valid.len, validity(py, valid)?, vec![buf(py, BufData::I64(v))?], vec![]),
-        Out::F32 { v, valid } => (valid.len, validity(py, valid)?, vec![buf(py, BufData::U8(le_bytes(v, u32::to_le_bytes)))?], vec![]),
-        Out::F64 { v, valid } => (valid.len, validity(py, valid)?, vec![buf(py, BufData::U8(le_bytes(v, u64::to_le_bytes)))?], vec![]),
+        // fixed-width values, with the nulls left unwritten at their end (see `Out`)
+        Out::I8 { v, valid } => fixed(py, BufData::U8(le_bytes(filled(v, valid.len), i8::to_le_bytes)), valid)?,
+        Out::I16 { v, valid } => fixed(py, BufData::U8(le_bytes(filled(v, valid.len), i16::to_le_bytes)), valid)?,
+        Out::I32 { v, valid } => fixed(py, BufData::I32(filled(v, valid.len)), valid)?,
+        Out::I64 { v, valid } => fixed(py, BufData::I64(filled(v, valid.len)), valid)?,
+        Out::F32 { v, valid } => fixed(py, BufData::U8(le_bytes(filled(v, valid.len), u32::to_le_bytes)), valid)?,
+        Out::F64 { v, valid } => fixed(py, BufData::U8(le_bytes(filled(v, valid.len), u64::to_le_bytes)), valid)?,
         Out::Bool { v, valid } => (valid.len, validity(py, valid)?, vec![bits_buf(py, v)?], vec![]),
         Out::List { offsets, valid, child } => (valid.len, validity(py, valid)?, vec![buf(py, BufData::I32(offsets))?],
                                                 vec![out_spec(py, *child)?]),

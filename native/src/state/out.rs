@@ -10,7 +10,9 @@ use super::table::{ColId, Role, Table};
 use super::text;
 use super::types::{self, Doubt, Ty, D};
 
-/// One Arrow array under construction; `Python` builds it with `pa.Array.from_buffers`.
+/// One Arrow array under construction; `Python` builds it with `pa.Array.from_buffers`. A fixed-width column's
+/// values `v` may be fewer than its entries: the nulls after its last value are written only when a value follows
+/// them, so a column of nulls only (a batch without deletions or TTLs has several) writes nothing (`filled`).
 pub enum Out {
     /// binary or string (i32 offsets)
     Var { offsets: Vec<i32>, data: Vec<u8>, valid: Bits },
@@ -58,30 +60,12 @@ impl Out {
                 offsets.push(*offsets.last().unwrap());
                 valid.push(false);
             }
-            Out::I8 { v, valid } => {
-                v.push(0);
-                valid.push(false);
-            }
-            Out::I16 { v, valid } => {
-                v.push(0);
-                valid.push(false);
-            }
-            Out::I32 { v, valid } => {
-                v.push(0);
-                valid.push(false);
-            }
-            Out::I64 { v, valid } => {
-                v.push(0);
-                valid.push(false);
-            }
-            Out::F32 { v, valid } => {
-                v.push(0);
-                valid.push(false);
-            }
-            Out::F64 { v, valid } => {
-                v.push(0);
-                valid.push(false);
-            }
+            Out::I8 { valid, .. } => valid.push(false),
+            Out::I16 { valid, .. } => valid.push(false),
+            Out::I32 { valid, .. } => valid.push(false),
+            Out::I64 { valid, .. } => valid.push(false),
+            Out::F32 { valid, .. } => valid.push(false),
+            Out::F64 { valid, .. } => valid.push(false),
             Out::Bool { v, valid } => {
                 v.push(false);
                 valid.push(false);
@@ -141,8 +125,7 @@ impl Out {
 
     pub fn i64(&mut self, x: i64) {
         if let Out::I64 { v, valid } = self {
-            v.push(x);
-            valid.push(true);
+            fixed(v, valid, x);
         } else {
             unreachable!("i64() on another column")
         }
@@ -157,8 +140,7 @@ impl Out {
 
     pub fn i32(&mut self, x: i32) {
         if let Out::I32 { v, valid } = self {
-            v.push(x);
-            valid.push(true);
+            fixed(v, valid, x);
         } else {
             unreachable!("i32() on another column")
         }
@@ -310,6 +292,26 @@ impl Out {
     }
 }
 
+/// Append value `x` to a fixed-width column, first writing the nulls `Out::null` left unwritten.
+#[inline]
+fn fixed<T: Copy + Default>(v: &mut Vec<T>, valid: &mut Bits, x: T) {
+    if v.len() < valid.len {
+        v.resize(valid.len, T::default());
+    }
+    v.push(x);
+    valid.push(true);
+}
+
+/// A fixed-width column's `len` values, the nulls left unwritten at its end as zeros: for a column of nulls only,
+/// zeroed memory from the allocator, which leaves it untouched (the system's pages are zero already).
+pub fn filled<T: Copy + Default>(mut v: Vec<T>, len: usize) -> Vec<T> {
+    if v.is_empty() {
+        return vec![T::default(); len];
+    }
+    v.resize(len, T::default());
+    v
+}
+
 // ---- events ----------------------------------------------------------------------------------------------------
 
 /// The events of the partitions a thread processed, in publish order (`partition` indexes the batch's keys),
@@ -447,18 +449,9 @@ pub fn arrow_value(o: &mut Out, t: &Ty, b: Option<&[u8]>) -> D<()> {
             }
             let x = text::bigint_i128(b).unwrap();
             match o {
-                Out::I8 { v, valid } => {
-                    v.push(x as i8);
-                    valid.push(true);
-                }
-                Out::I16 { v, valid } => {
-                    v.push(x as i16);
-                    valid.push(true);
-                }
-                Out::I32 { v, valid } => {
-                    v.push(x as i32);
-                    valid.push(true);
-                }
+                Out::I8 { v, valid } => fixed(v, valid, x as i8),
+                Out::I16 { v, valid } => fixed(v, valid, x as i16),
+                Out::I32 { v, valid } => fixed(v, valid, x as i32),
                 _ => o.i64(x as i64),
             }
         }
@@ -472,15 +465,13 @@ pub fn arrow_value(o: &mut Out, t: &Ty, b: Option<&[u8]>) -> D<()> {
             // payload and quiets it
             let bits = if f32::from_bits(bits).is_nan() { bits | 0x0040_0000 } else { bits };
             if let Out::F32 { v, valid } = o {
-                v.push(bits);
-                valid.push(true);
+                fixed(v, valid, bits);
             }
         }
         Ty::Double => {
             let bits = u64::from_be_bytes(b.try_into().map_err(|_| Doubt)?);
             if let Out::F64 { v, valid } = o {
-                v.push(bits);
-                valid.push(true);
+                fixed(v, valid, bits);
             }
         }
         Ty::Date => {
