@@ -548,7 +548,8 @@ impl<'a> Stored<'a> {
     }
 }
 
-/// `process_partition` for one partition: the events, the new state, whether it must be written back.
+/// `process_partition` for one partition: the events, the new state, whether it must be written back (`clock`
+/// times its phases: `phases`).
 #[allow(clippy::too_many_arguments)]
 fn process_partition<'a>(em: &Emitter, pk: &[u8], recs: &[Rec<'a>], prior: Option<&PartitionState<'a>>, s: &Settings,
                          events: &mut Events, clock: &mut Clock) -> D<(PartitionState<'a>, bool)> {
@@ -979,7 +980,7 @@ fn process_run<'a>(em: &Emitter, stored: &Stored<'a>, log: &CellLog<'a>, sorted:
                 out.state.change_rows(t, pk, token, prior, &state, s.now, s.batch_seq)?;
             }
             clock.lap(Phase::PartitionStateRows);
-            drop(state);
+            drop(state); // both states dropped here, timed with the copies
             Ok(changed)
         });
         drop(prior_state);
