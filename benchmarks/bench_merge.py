@@ -49,6 +49,8 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from cargo_build import cargo_build  # noqa: E402
+
 from cdc_lib.celllog.schema import CELL_LOG_SCHEMA  # noqa: E402
 from cdc_lib.commitlog.model import NO_DELETION_TIME  # noqa: E402
 from cdc_lib.cql.schema import Schema  # noqa: E402
@@ -282,15 +284,9 @@ def output_floor(changes: int, threads: int, rounds: int = 3) -> dict | None:
     """``benchmarks/state_floor``'s answer (built with cargo on first use, into its ignored ``target/``): the
     seconds to write the outputs of ``changes`` changes on ``threads`` threads; None (and why, on stderr) without
     cargo or when the build fails."""
-    cargo = shutil.which("cargo")
-    if cargo is None:
-        print("output floor: skipped (no cargo to build benchmarks/state_floor)", file=sys.stderr)
-        return None
-    env = {**os.environ, "CARGO_TARGET_DIR": str(FLOOR_CRATE / "target")}
-    built = subprocess.run([cargo, "build", "--release", "--quiet", "--manifest-path", str(FLOOR_CRATE / "Cargo.toml")],
-                           env=env, capture_output=True, text=True, check=False)
-    if built.returncode != 0:
-        print(f"output floor: skipped (cargo build failed)\n{built.stderr}", file=sys.stderr)
+    why_not = cargo_build(FLOOR_CRATE / "Cargo.toml", FLOOR_CRATE / "target")
+    if why_not is not None:
+        print(f"output floor: skipped ({why_not})", file=sys.stderr)
         return None
     exe = FLOOR_CRATE / "target" / "release" / "state-floor"
     ran = subprocess.run([str(exe), "--changes", str(changes), "--threads", str(threads), "--rounds", str(rounds)],

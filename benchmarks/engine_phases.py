@@ -20,13 +20,13 @@ import argparse
 import os
 import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import pyarrow as pa
+from cargo_build import cargo_build
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = ROOT / "native" / "target" / "phase-times"
@@ -34,12 +34,9 @@ TARGET = ROOT / "native" / "target" / "phase-times"
 
 def build() -> Path:
     """The engine built with phase times (cargo), as a ``cdc_native`` package in a temporary directory."""
-    cargo = shutil.which("cargo")
-    if cargo is None:
-        sys.exit("engine_phases: needs cargo to build native/ with the phase-times feature")
-    env = {**os.environ, "CARGO_TARGET_DIR": str(TARGET)}
-    subprocess.run([cargo, "build", "--release", "--quiet", "--features", "phase-times",
-                    "--manifest-path", str(ROOT / "native" / "Cargo.toml")], env=env, check=True)
+    why_not = cargo_build(ROOT / "native" / "Cargo.toml", TARGET, "--features", "phase-times")
+    if why_not is not None:
+        sys.exit(f"engine_phases: cannot build native/ with the phase-times feature: {why_not}")
     lib = TARGET / "release" / ("libcdc_native.dylib" if sys.platform == "darwin" else "libcdc_native.so")
     pkg = Path(tempfile.mkdtemp(prefix="engine-phases-")) / "cdc_native"
     pkg.mkdir()

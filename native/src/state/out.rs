@@ -60,12 +60,9 @@ impl Out {
                 offsets.push(*offsets.last().unwrap());
                 valid.push(false);
             }
-            Out::I8 { valid, .. } => valid.push(false),
-            Out::I16 { valid, .. } => valid.push(false),
-            Out::I32 { valid, .. } => valid.push(false),
-            Out::I64 { valid, .. } => valid.push(false),
-            Out::F32 { valid, .. } => valid.push(false),
-            Out::F64 { valid, .. } => valid.push(false),
+            // fixed-width: the value is written only if one follows (`fixed`)
+            Out::I8 { valid, .. } | Out::I16 { valid, .. } | Out::I32 { valid, .. } | Out::I64 { valid, .. }
+            | Out::F32 { valid, .. } | Out::F64 { valid, .. } => valid.push(false),
             Out::Bool { v, valid } => {
                 v.push(false);
                 valid.push(false);
