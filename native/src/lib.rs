@@ -439,7 +439,7 @@ fn mutation_id<'py>(py: Python<'py>, data: &[u8]) -> Bound<'py, PyBytes> {
 // ---- the state engine (state.native) ---------------------------------------------------------------------
 
 use state::arrow_in::{Col, FFIArrowArray, FFIArrowSchema};
-use state::out::{filled, Out};
+use state::out::{filled, Out, Validity};
 use state::table::{ColumnDesc, Role};
 use state::types::Ty;
 
@@ -498,30 +498,30 @@ fn le_bytes<T: Copy, const N: usize>(v: Vec<T>, f: impl Fn(T) -> [u8; N]) -> Vec
 
 /// An `Out` as `(length, null count, validity or None, [buffers], [children])` for `pa.Array.from_buffers`.
 fn out_spec(py: Python<'_>, o: Out) -> PyResult<Py<PyAny>> {
-    let validity = |py: Python<'_>, b: Bits| -> PyResult<(usize, Option<Py<PyAny>>)> {
-        let nulls = b.count_zeros();
-        Ok((nulls, if nulls > 0 { Some(bits_buf(py, b)?) } else { None }))
+    let validity = |py: Python<'_>, v: Validity| -> PyResult<(usize, Option<Py<PyAny>>)> {
+        let (nulls, bits) = v.finish();
+        Ok((nulls, bits.map(|b| bits_buf(py, b)).transpose()?))
     };
     type Spec = (usize, (usize, Option<Py<PyAny>>), Vec<Py<PyAny>>, Vec<Py<PyAny>>);
-    let fixed = |py: Python<'_>, values: BufData, valid: Bits| -> PyResult<Spec> {
-        Ok((valid.len, validity(py, valid)?, vec![buf(py, values)?], vec![]))
+    let fixed = |py: Python<'_>, values: BufData, valid: Validity| -> PyResult<Spec> {
+        Ok((valid.len(), validity(py, valid)?, vec![buf(py, values)?], vec![]))
     };
     let (len, (nulls, valid), bufs, children): Spec = match o {
-        Out::Var { offsets, data, valid } => (valid.len, validity(py, valid)?,
+        Out::Var { offsets, data, valid } => (valid.len(), validity(py, valid)?,
                                               vec![buf(py, BufData::I32(offsets))?, buf(py, BufData::U8(data))?], vec![]),
         // fixed-width values, with the nulls left unwritten at their end (see `Out`)
-        Out::I8 { v, valid } => fixed(py, BufData::U8(le_bytes(filled(v, valid.len), i8::to_le_bytes)), valid)?,
-        Out::I16 { v, valid } => fixed(py, BufData::U8(le_bytes(filled(v, valid.len), i16::to_le_bytes)), valid)?,
-        Out::I32 { v, valid } => fixed(py, BufData::I32(filled(v, valid.len)), valid)?,
-        Out::I64 { v, valid } => fixed(py, BufData::I64(filled(v, valid.len)), valid)?,
-        Out::F32 { v, valid } => fixed(py, BufData::U8(le_bytes(filled(v, valid.len), u32::to_le_bytes)), valid)?,
-        Out::F64 { v, valid } => fixed(py, BufData::U8(le_bytes(filled(v, valid.len), u64::to_le_bytes)), valid)?,
-        Out::Bool { v, valid } => (valid.len, validity(py, valid)?, vec![bits_buf(py, v)?], vec![]),
-        Out::List { offsets, valid, child } => (valid.len, validity(py, valid)?, vec![buf(py, BufData::I32(offsets))?],
+        Out::I8 { v, valid } => fixed(py, BufData::U8(le_bytes(filled(v, valid.len()), i8::to_le_bytes)), valid)?,
+        Out::I16 { v, valid } => fixed(py, BufData::U8(le_bytes(filled(v, valid.len()), i16::to_le_bytes)), valid)?,
+        Out::I32 { v, valid } => fixed(py, BufData::I32(filled(v, valid.len())), valid)?,
+        Out::I64 { v, valid } => fixed(py, BufData::I64(filled(v, valid.len())), valid)?,
+        Out::F32 { v, valid } => fixed(py, BufData::U8(le_bytes(filled(v, valid.len()), u32::to_le_bytes)), valid)?,
+        Out::F64 { v, valid } => fixed(py, BufData::U8(le_bytes(filled(v, valid.len()), u64::to_le_bytes)), valid)?,
+        Out::Bool { v, valid } => (valid.len(), validity(py, valid)?, vec![bits_buf(py, v)?], vec![]),
+        Out::List { offsets, valid, child } => (valid.len(), validity(py, valid)?, vec![buf(py, BufData::I32(offsets))?],
                                                 vec![out_spec(py, *child)?]),
         Out::Struct { valid, children } => {
             let kids = children.into_iter().map(|c| out_spec(py, c)).collect::<PyResult<Vec<_>>>()?;
-            (valid.len, validity(py, valid)?, vec![], kids)
+            (valid.len(), validity(py, valid)?, vec![], kids)
         }
     };
     (len, nulls, valid, bufs, children).into_py_any(py)

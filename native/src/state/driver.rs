@@ -7,11 +7,14 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use super::arrow_in::{prefetch_line, Col};
-use super::engine::{self, Cell, Complex, EventCtx, Emitter, Kind, PartitionState, Rec, RowState};
-use super::key::{self, Key};
-use super::out::{Events, Out, StateRows};
+use super::engine::{Cell, Complex, Kind, PartitionState, Rec};
+use super::events::{EventCtx, Emitter};
+use super::key::{self, Ck};
+use super::out::{Events, Out};
+use super::state_rows::StateRows;
+use super::partition::Work;
 use super::phases::{self, Clock, Phase};
-use super::table::Table;
+use super::table::{ColId, Table};
 use crate::fxhash::FxMap;
 use super::types::D;
 
@@ -35,48 +38,6 @@ pub struct Settings<'a> {
     pub batch_seq: i64,
     pub cluster: &'a str,
 }
-
-/// The identity of a cell-log record (`batch.IDENTITY_COLUMNS` within one table): copies of one record from
-/// several replicas share it. Records are compared within one partition only, so the partition key is left out;
-/// the fields cheapest to compare and likeliest to differ come first (a derived `==` stops at the first that
-/// differs).
-#[derive(Hash, PartialEq, Eq)]
-struct Identity<'a> {
-    ts: i64,
-    ttl: i32,
-    ldt: i64,
-    is_static: bool,
-    start_incl: Option<bool>,
-    end_incl: Option<bool>,
-    column: Option<&'a [u8]>,
-    kind: &'a [u8],
-    value: Option<&'a [u8]>,
-    path: Option<&'a [u8]>,
-    clustering: &'a [u8],
-    clustering_end: Option<&'a [u8]>,
-    mid: Option<&'a [u8]>,
-}
-
-/// A record of the cell log, hashed and compared by its identity: a map entry is a reference and an index, not
-/// the identity's fields (two million records make a map of hundreds of megabytes otherwise).
-struct ByIdentity<'l, 'a> {
-    log: &'l CellLog<'a>,
-    r: Rid,
-}
-
-impl std::hash::Hash for ByIdentity<'_, '_> {
-    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
-        self.log.identity(self.r).hash(h)
-    }
-}
-
-impl PartialEq for ByIdentity<'_, '_> {
-    fn eq(&self, o: &Self) -> bool {
-        self.log.identity(self.r) == o.log.identity(o.r)
-    }
-}
-
-impl Eq for ByIdentity<'_, '_> {}
 
 /// A record's place in the cell log: its chunk (record batch) and row.
 #[derive(Clone, Copy)]
@@ -119,19 +80,9 @@ impl<'a> CellLog<'a> {
         (&self.chunks[r.chunk as usize], r.row as usize)
     }
 
-    fn identity(&self, r: Rid) -> Identity<'a> {
+    fn rec(&self, r: Rid) -> Option<Rec<'a>> {
         let (c, i) = self.at(r);
-        c.identity(i)
-    }
-
-    fn source_key(&self, r: Rid) -> (i64, i64, &'a [u8], i32, i32) {
-        let (c, i) = self.at(r);
-        c.source_key(i)
-    }
-
-    fn rec(&self, t: &Table, r: Rid) -> Option<Rec<'a>> {
-        let (c, i) = self.at(r);
-        c.rec(t, i)
+        c.rec(i)
     }
 
     /// Each record batch's `partition_key` and `token` columns.
@@ -139,8 +90,8 @@ impl<'a> CellLog<'a> {
         self.chunks.iter().map(|c| (c.pk, c.token)).unzip()
     }
 
-    fn intern(&self, t: &mut Table) {
-        for c in &self.chunks {
+    fn intern(&mut self, t: &mut Table) {
+        for c in &mut self.chunks {
             c.intern(t);
         }
     }
@@ -150,6 +101,9 @@ impl<'a> CellLog<'a> {
         let (c, i) = self.at(r);
         for col in c.columns() {
             col.prefetch(i);
+        }
+        if let Some(id) = c.col_ids.get(i) {
+            prefetch_line(id as *const ColId as *const u8);
         }
     }
 
@@ -184,7 +138,12 @@ struct LogChunk<'a> {
     ttl: &'a Col,
     ldt: &'a Col,
     mid: &'a Col,
+    /// each record's column id (`intern`; `NO_COLUMN`: none)
+    col_ids: Vec<ColId>,
 }
+
+/// A record without a column (a row or partition deletion, say).
+const NO_COLUMN: ColId = ColId::MAX;
 
 impl<'a> LogChunk<'a> {
     fn new(c: &'a Col) -> Result<LogChunk<'a>, String> {
@@ -196,58 +155,49 @@ impl<'a> LogChunk<'a> {
             start_incl: f("start_inclusive", "b")?, end_incl: f("end_inclusive", "b")?,
             is_static: f("is_static", "b")?, kind: f("kind", "u")?, column: f("column", "u")?, path: f("path", "z")?,
             value: f("value", "z")?, ts: f("timestamp", "l")?, ttl: f("ttl", "i")?,
-            ldt: f("local_deletion_time", "l")?, mid: f("mutation_id", "z")?,
+            ldt: f("local_deletion_time", "l")?, mid: f("mutation_id", "z")?, col_ids: Vec::new(),
         })
     }
 
-    /// The columns processing a record reads (what to prefetch): not the token (the partition's), nor the entry
-    /// index and seq, which only order replica copies.
-    fn columns(&self) -> [&'a Col; 17] {
-        [self.segment, self.segment_id, self.position, self.pk, self.clustering, self.clustering_end,
-         self.start_incl, self.end_incl, self.is_static, self.kind, self.column, self.path, self.value, self.ts,
-         self.ttl, self.ldt, self.mid]
+    /// The columns processing a record reads (what to prefetch): not the token (the partition's), nor the column
+    /// name (its id is read from `col_ids`).
+    fn columns(&self) -> [&'a Col; 18] {
+        [self.segment, self.segment_id, self.position, self.entry_index, self.seq, self.pk, self.clustering,
+         self.clustering_end, self.start_incl, self.end_incl, self.is_static, self.kind, self.path, self.value,
+         self.ts, self.ttl, self.ldt, self.mid]
     }
 
-    fn identity(&self, i: usize) -> Identity<'a> {
-        Identity {
-            ts: self.ts.i64(i), ttl: self.ttl.i32(i), ldt: self.ldt.i64(i), is_static: self.is_static.bool(i),
-            start_incl: self.start_incl.opt_bool(i), end_incl: self.end_incl.opt_bool(i),
-            column: self.column.opt_bytes(i), kind: self.kind.bytes(i), value: self.value.opt_bytes(i),
-            path: self.path.opt_bytes(i), clustering: self.clustering.bytes(i),
-            clustering_end: self.clustering_end.opt_bytes(i), mid: self.mid.opt_bytes(i),
-        }
-    }
-
-    /// Make every column name the records hold known to `t` (before the engine's threads share it).
-    fn intern(&self, t: &mut Table) {
-        for i in 0..self.column.len {
-            if let Some(c) = self.column.opt_bytes(i) {
-                t.col(c);
-            }
-        }
-    }
-
-    /// `dedupe_records`' order among copies: the smallest wins.
-    fn source_key(&self, i: usize) -> (i64, i64, &'a [u8], i32, i32) {
-        (self.segment_id.i64(i), self.position.i64(i), self.segment.bytes(i), self.entry_index.i32(i), self.seq.i32(i))
+    /// Make every column name the records hold known to `t` (before the engine's threads share it), and note
+    /// each record's column id (`col_ids`): read in passing here, in order, rather than hashed again by name for
+    /// each record in partition order.
+    fn intern(&mut self, t: &mut Table) {
+        self.col_ids = (0..self.column.len).map(|i| match self.column.opt_bytes(i) {
+            Some(c) => t.col(c),
+            None => NO_COLUMN,
+        }).collect();
     }
 
     /// The record as the engine applies it (its column name known to `t`: `intern`); None for a kind it does not
     /// know (the Python engine says what is wrong with it).
-    fn rec(&self, t: &Table, i: usize) -> Option<Rec<'a>> {
+    fn rec(&self, i: usize) -> Option<Rec<'a>> {
+        let (clustering_end, start_incl, end_incl) =
+            (self.clustering_end.opt_bytes(i), self.start_incl.opt_bool(i), self.end_incl.opt_bool(i));
         Some(Rec {
             segment: self.segment.bytes(i),
             segment_id: self.segment_id.i64(i),
             position: self.position.i64(i),
+            entry_index: self.entry_index.i32(i),
+            seq: self.seq.i32(i),
             kind: Kind::parse(self.kind.bytes(i))?,
             clustering: self.clustering.bytes(i),
-            clustering_end: self.clustering_end.opt_bytes(i).unwrap_or(b""),
-            start_incl: self.start_incl.opt_bool(i).unwrap_or(false),
-            end_incl: self.end_incl.opt_bool(i).unwrap_or(false),
+            clustering_end: clustering_end.unwrap_or(b""),
+            start_incl: start_incl.unwrap_or(false),
+            end_incl: end_incl.unwrap_or(false),
+            bounds: (clustering_end, start_incl, end_incl),
             is_static: self.is_static.bool(i),
-            column: match self.column.opt_bytes(i) {
-                Some(c) => Some(t.lookup(c)?),
-                None => None,
+            column: match self.col_ids[i] {
+                NO_COLUMN => None,
+                c => Some(c),
             },
             path: self.path.opt_bytes(i),
             value: self.value.opt_bytes(i),
@@ -488,12 +438,12 @@ impl<'a> Stored<'a> {
         }
     }
 
-    /// The stored state of one partition (None: not stored).
-    fn partition(&self, t: &Table, pk: &[u8]) -> Result<Option<PartitionState<'a>>, String> {
-        let Some(first) = self.first(pk) else { return Ok(None) };
+    /// The stored state of partition `pk`, decoded into `part` (cleared first); false when it has none.
+    fn partition(&self, t: &Table, pk: &[u8], part: &mut PartitionState<'a>) -> Result<bool, String> {
+        part.clear();
+        let Some(first) = self.first(pk) else { return Ok(false) };
         let rows = std::iter::successors(Some(first), |&r| Some(self.next[self.place(r)]).filter(|&j| j != u32::MAX));
         let id = |name: &[u8]| t.lookup(name).ok_or("a column name missed by the index");
-        let mut part = PartitionState::default();
         for r in rows {
             let (c, i) = self.at(r);
             let [c_col, c_path, c_value, c_ts, c_ttl, c_ldt, c_tomb] = c.cell;
@@ -504,22 +454,30 @@ impl<'a> Stored<'a> {
                 }
                 let [r_s, r_si, r_e, r_ei, r_ts, r_ldt] = c.rt;
                 for j in if c.rts.valid(i) { c.rts.list_range(i) } else { 0..0 } {
-                    part.rts.insert((r_s.bytes(j).to_vec(), r_si.bool(j), r_e.bytes(j).to_vec(), r_ei.bool(j)),
-                                    (r_ts.i64(j), r_ldt.i64(j)));
+                    part.set_rt((r_s.bytes(j), r_si.bool(j), r_e.bytes(j), r_ei.bool(j)), (r_ts.i64(j), r_ldt.i64(j)));
                 }
                 continue;
             }
-            let mut row = RowState::default();
-            if let Some(ts) = c.lts.opt_i64(i) {
-                row.liveness = Some((ts, c.lttl.opt_i32(i).unwrap_or(0),
-                                     c.lldt.opt_i64(i).ok_or("liveness without ldt")?));
-            }
-            if let Some(ts) = c.dts.opt_i64(i) {
-                row.deletion = Some((ts, c.dldt.opt_i64(i).ok_or("deletion without ldt")?));
-            }
-            if let Some(ts) = c.sts.opt_i64(i) {
-                row.shadowable = Some((ts, c.sldt.opt_i64(i).ok_or("shadowable deletion without ldt")?));
-            }
+            let liveness = match c.lts.opt_i64(i) {
+                Some(ts) => Some((ts, c.lttl.opt_i32(i).unwrap_or(0), c.lldt.opt_i64(i).ok_or("liveness without ldt")?)),
+                None => None,
+            };
+            let deletion = match c.dts.opt_i64(i) {
+                Some(ts) => Some((ts, c.dldt.opt_i64(i).ok_or("deletion without ldt")?)),
+                None => None,
+            };
+            let shadowable = match c.sts.opt_i64(i) {
+                Some(ts) => Some((ts, c.sldt.opt_i64(i).ok_or("shadowable deletion without ldt")?)),
+                None => None,
+            };
+            // a record replaces an earlier one of the same row
+            let row = match k {
+                b"static" => &mut part.static_row,
+                b"row" => part.rows.entry(Ck(c.ck.bytes(i))),
+                other => return Err(format!("unknown state row_kind {:?}", String::from_utf8_lossy(other))),
+            };
+            row.reset();
+            (row.liveness, row.deletion, row.shadowable) = (liveness, deletion, shadowable);
             let [d_col, d_ts, d_ldt] = c.cdel;
             for j in if c.cdels.valid(i) { c.cdels.list_range(i) } else { 0..0 } {
                 let (e, _) = row.complex_mut(id(d_col.bytes(j))?);
@@ -536,42 +494,32 @@ impl<'a> Stored<'a> {
                     }
                 }
             }
-            match k {
-                b"static" => part.static_row = row,
-                b"row" => {
-                    part.rows.insert(Key::from(c.ck.bytes(i)), row);
-                }
-                other => return Err(format!("unknown state row_kind {:?}", String::from_utf8_lossy(other))),
-            }
         }
-        Ok(Some(part))
+        Ok(true)
     }
 }
 
-/// `process_partition` for one partition: the events, the new state, whether it must be written back (`clock`
-/// times its phases: `phases`).
-#[allow(clippy::too_many_arguments)]
-fn process_partition<'a>(em: &Emitter, pk: &[u8], recs: &[Rec<'a>], prior: Option<&PartitionState<'a>>, s: &Settings,
-                         events: &mut Events, clock: &mut Clock) -> D<(PartitionState<'a>, bool)> {
-    let mut state = prior.cloned().unwrap_or_default();
+/// `process_partition` for one partition: its events written into `events`, its new state in `w.state` (from
+/// its stored one in `w.prior`, filled by the caller); whether it must be written back (`clock` times its
+/// phases: `phases`).
+fn process_partition<'a>(em: &Emitter, pk: &[u8], recs: &[Rec<'a>], w: &mut Work<'a>, s: &Settings,
+                         events: &mut Events, clock: &mut Clock) -> D<bool> {
+    w.start();
     clock.lap(Phase::PartitionCopies);
     let mut swept = false;
-    if let (Some(prev), Some(_)) = (s.prev_now, prior) {
-        if s.now > prev {
-            engine::sweep_partition(em, pk, &state, prev, s.now, events)?;
+    if let Some(prev) = s.prev_now {
+        if w.has_prior && s.now > prev {
+            w.sweep(em, pk, prev, s.now, events)?;
             swept = true;
         }
     }
     if !recs.is_empty() {
-        engine::apply_partition(em, pk, &mut state, recs, s.now, events)?;
+        w.apply(em, pk, recs, s.now, events)?;
     }
     clock.lap(Phase::PartitionMerge);
-    let changed = swept || match prior {
-        None => !state.is_empty(),
-        Some(p) => &state != p,
-    };
+    let changed = w.changed(swept);
     clock.lap(Phase::PartitionCopies);
-    Ok((state, changed))
+    Ok(changed)
 }
 
 /// The partitions of the cell log's records in publish order (token, then key), and every record's place
@@ -765,8 +713,9 @@ pub fn partition_keys(pks: &[Col], tokens: &[Col], threads: usize) -> Result<(Ou
 /// sweep that have no records.
 pub fn process_table(t: &mut Table, cell_log: &[Col], stored: &[Col], expiring: &[Vec<u8>],
                      grouping: Option<&Grouping>, s: &Settings) -> Result<Output, String> {
-    let log = CellLog::new(cell_log)?;
+    let mut log = CellLog::new(cell_log)?;
     log.intern(t);
+    let log = log;
     let mut stored = Stored::new(t, stored)?;
     // while the stored records are indexed by partition: the records as `partition_keys` grouped them, or else
     // sorted into partitions
@@ -799,7 +748,7 @@ pub fn process_table(t: &mut Table, cell_log: &[Col], stored: &[Col], expiring: 
     let (keys, tokens) = keys_and_tokens(&order);
     let t: &Table = t;
     let ctx = EventCtx { cluster: s.cluster, node: "", ts_ms: s.now * 1000 };
-    let em = Emitter { t, ctx: &ctx };
+    let em = Emitter::new(t, &ctx);
     // partitions are independent: contiguous runs of them, which `threads` threads take in turn (a thread the
     // machine slows down takes fewer), outputs joined in order
     let threads = s.threads.clamp(1, order.len().max(1));
@@ -878,47 +827,53 @@ pub struct Run {
 
 impl Run {
     fn overflowed(&mut self) -> bool {
-        self.state.columns_mut().iter().any(|o| o.overflowed())
+        self.state.overflowed()
             || [&self.events.event_json, &self.events.key_json].iter().any(|o| o.overflowed())
     }
 }
 
-/// One partition's records without replica copies (`dedupe_records`): one record per identity, the copy with the
-/// smallest source, at the place of the first copy. `ids`: room for the kept records' identities.
-fn partition_records<'a>(log: &CellLog<'a>, recs: &[Rid], kept: &mut Vec<Rid>, ids: &mut Vec<Identity<'a>>) {
-    kept.clear();
-    let keep = |kept: &mut Vec<Rid>, slot: Option<usize>, r: Rid| match slot {
-        None => kept.push(r),
+/// One partition's records without replica copies (`dedupe_records`), into `out`: one record per identity
+/// (`Rec::same`), the copy with the smallest source, at the place of the first copy. False when a record is of
+/// a kind the engine does not know.
+fn partition_records<'a>(log: &CellLog<'a>, rids: &[Rid], out: &mut Vec<Rec<'a>>) -> bool {
+    out.clear();
+    let mut known = true;
+    // a copy replaces the kept one when its source is smaller
+    let keep = |out: &mut Vec<Rec<'a>>, slot: Option<usize>, rec: Rec<'a>| match slot {
+        None => out.push(rec),
         Some(k) => {
-            if log.source_key(r) < log.source_key(kept[k]) {
-                kept[k] = r;
+            if rec.source() < out[k].source() {
+                out[k] = rec;
             }
         }
     };
-    if recs.len() <= 16 {
-        // each record's identity read once (the kept ones' compared against every later record)
-        ids.clear();
-        for &r in recs {
-            let id = log.identity(r);
-            let slot = ids.iter().position(|k| *k == id);
-            if slot.is_none() {
-                ids.push(id);
-            }
-            keep(kept, slot, r);
+    if rids.len() <= 16 {
+        for &r in rids {
+            let Some(rec) = log.rec(r) else {
+                known = false;
+                continue;
+            };
+            let slot = out.iter().position(|k| k.same(&rec));
+            keep(out, slot, rec);
         }
     } else {
-        let mut first: FxMap<ByIdentity, usize> = FxMap::with_capacity_and_hasher(recs.len(), Default::default());
-        for &r in recs {
-            let slot = match first.entry(ByIdentity { log, r }) {
+        let mut first = FxMap::with_capacity_and_hasher(rids.len(), Default::default());
+        for &r in rids {
+            let Some(rec) = log.rec(r) else {
+                known = false;
+                continue;
+            };
+            let slot = match first.entry(rec.identity()) {
                 std::collections::hash_map::Entry::Vacant(v) => {
-                    v.insert(kept.len());
+                    v.insert(out.len());
                     None
                 }
                 std::collections::hash_map::Entry::Occupied(o) => Some(*o.get()),
             };
-            keep(kept, slot, r);
+            keep(out, slot, rec);
         }
     }
+    known
 }
 
 /// The partitions `order` (publish order; the first is partition number `first` of the batch).
@@ -928,8 +883,7 @@ fn process_run<'a>(em: &Emitter, stored: &Stored<'a>, log: &CellLog<'a>, sorted:
     let mut out = Run { doubted: Vec::new(), events: Events::with_capacity(order.len()), state: StateRows::new(t),
                         changed: 0 };
     let mut recs: Vec<Rec> = Vec::new();
-    let mut kept: Vec<Rid> = Vec::new();
-    let mut ids: Vec<Identity> = Vec::new();
+    let mut work = Work::default();
     // the state columns are sized once from what the first partitions wrote (a sample large enough to be typical)
     let sample = (order.len() / 32).max(1024);
     // what partition i reads is asked for ahead, in steps that each need the one before done: the records'
@@ -948,43 +902,31 @@ fn process_run<'a>(em: &Emitter, stored: &Stored<'a>, log: &CellLog<'a>, sorted:
         ahead(i + 1, |_, stored, p, _| stored.prefetch_cells(p.pk));
         if i == sample {
             let factor = (order.len() - i) as f64 / i as f64 * 1.1;
-            for o in out.state.columns_mut() {
-                o.reserve_scaled(factor);
-            }
+            out.state.reserve_scaled(factor);
         }
         let (pk, token) = (part.pk, part.token);
         let idx = first + i;
-        recs.clear();
-        let mut unknown = false;
         let mut clock = Clock::start();
-        partition_records(log, &sorted[part.recs.clone()], &mut kept, &mut ids);
-        for &r in &kept {
-            match log.rec(t, r) {
-                Some(r) => recs.push(r),
-                None => unknown = true,
-            }
-        }
-        if unknown || !t.repr_ok {
+        let known = partition_records(log, &sorted[part.recs.clone()], &mut recs);
+        if !known || !t.repr_ok {
             out.doubted.push(idx);
             continue;
         }
         clock.lap(Phase::PartitionRecords);
-        let prior_state = stored.partition(t, pk)?;
+        work.has_prior = stored.partition(t, pk, &mut work.prior)?;
         clock.lap(Phase::PartitionStored);
-        let prior = prior_state.as_ref();
         let mark = out.state.n;
         let events_mark = out.events.len();
         out.events.current = idx as i32;
-        let done = process_partition(em, pk, &recs, prior, s, &mut out.events, &mut clock).and_then(|(state, changed)| {
+        let done = process_partition(em, pk, &recs, &mut work, s, &mut out.events, &mut clock).and_then(|changed| {
             if changed {
-                out.state.change_rows(t, pk, token, prior, &state, s.now, s.batch_seq)?;
+                work.final_images(em, s.now)?;
+                let prior = work.has_prior.then_some(&work.prior);
+                out.state.change_rows(t, pk, token, prior, &work.state, &work.after, s.now, s.batch_seq)?;
             }
             clock.lap(Phase::PartitionStateRows);
-            drop(state); // both states dropped here, timed with the copies
             Ok(changed)
         });
-        drop(prior_state);
-        clock.lap(Phase::PartitionCopies);
         match done {
             Ok(changed) => out.changed += changed as usize,
             Err(_) => {

@@ -1,9 +1,14 @@
 pub mod arrow_in;
 pub mod driver;
 pub mod engine;
+pub mod events;
+pub mod images;
 pub mod key;
 pub mod out;
+pub mod partition;
 pub mod phases;
+pub mod rows;
+pub mod state_rows;
 pub mod table;
 pub mod text;
 pub mod types;

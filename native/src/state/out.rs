@@ -1,36 +1,119 @@
-//! The engine's Arrow outputs, built as plain buffers that Python wraps without a copy (`state.native`):
-//! the state rows of changed partitions (`sinks.delta.change_rows`: the typed CQL columns as
-//! `sinks.delta.arrow_type`/`to_arrow_value` make them, then the `_cdc_*` metadata) and the events.
+//! The engine's Arrow outputs, built as plain buffers that Python wraps without a copy (`state.native`): `Out`,
+//! an array of any of the Arrow types the outputs use; the typed CQL values as `sinks.delta.arrow_type` and
+//! `to_arrow_value` make them (`arrow_value`); and the events' columns (`Events`). The state rows are
+//! `state_rows`.
 
 use crate::columns::Bits;
 
-use super::engine::{self, Cell, IVal, Image, Images, Item, PartitionState, RowState};
-use super::key;
-use super::table::{ColId, Role, Table};
+use super::events::SegmentJson;
+use super::images::{in_path_order, Item};
 use super::text;
 use super::types::{self, Doubt, Ty, D};
+
+/// A column's validity, written only once it is needed: as long as a column's entries are all valid or all null
+/// (most columns of a batch: keys and metadata are always set, deletions and TTLs of a plain batch never), it is
+/// their count; the bitmap is made when the first entry of the other kind comes.
+#[derive(Default)]
+pub struct Validity {
+    len: usize,
+    nulls: usize,
+    /// the bitmap, once entries are mixed
+    bits: Option<Bits>,
+}
+
+impl Validity {
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    #[inline(always)]
+    pub fn push(&mut self, valid: bool) {
+        let uniform = self.bits.is_none() && if valid { self.nulls == 0 } else { self.nulls == self.len };
+        if uniform {
+            self.nulls += !valid as usize;
+            self.len += 1;
+        } else {
+            self.push_mixed(valid);
+        }
+    }
+
+    #[inline(never)]
+    fn push_mixed(&mut self, valid: bool) {
+        if self.bits.is_none() {
+            // the first entry of the other kind: the bitmap of the entries so far (all valid, or all null)
+            let mut bits = Bits::zeros(self.len);
+            if self.nulls == 0 {
+                bits.bytes.fill(0xff);
+                if !self.len.is_multiple_of(8) {
+                    // zeros after them in the last byte: `Bits::push` only sets bits
+                    *bits.bytes.last_mut().unwrap() = (1u8 << (self.len % 8)) - 1;
+                }
+            }
+            self.bits = Some(bits);
+        }
+        self.bits.as_mut().expect("made above").push(valid);
+        self.nulls += !valid as usize;
+        self.len += 1;
+    }
+
+    /// Drop the entries after the first `n`.
+    pub fn truncate(&mut self, n: usize) {
+        if n >= self.len {
+            return;
+        }
+        match &mut self.bits {
+            Some(bits) => {
+                bits.truncate(n);
+                self.nulls = bits.count_zeros();
+            }
+            None => self.nulls = self.nulls.min(n),
+        }
+        self.len = n;
+    }
+
+    /// Room for `n` more entries (in the bitmap, if there is one).
+    pub fn reserve(&mut self, n: usize) {
+        if let Some(bits) = &mut self.bits {
+            bits.reserve(n);
+        }
+    }
+
+    /// The null count, and the bitmap Arrow needs when there is a null (all zeros for a column of nulls only).
+    pub fn finish(self) -> (usize, Option<Bits>) {
+        match (self.nulls, self.bits) {
+            (0, _) => (0, None),
+            (nulls, Some(bits)) => (nulls, Some(bits)),
+            (nulls, None) => (nulls, Some(Bits::zeros(self.len))),
+        }
+    }
+}
 
 /// One Arrow array under construction; `Python` builds it with `pa.Array.from_buffers`. A fixed-width column's
 /// values `v` may be fewer than its entries: the nulls after its last value are written only when a value follows
 /// them, so a column of nulls only (a batch without deletions or TTLs has several) writes nothing (`filled`).
 pub enum Out {
     /// binary or string (i32 offsets)
-    Var { offsets: Vec<i32>, data: Vec<u8>, valid: Bits },
-    I8 { v: Vec<i8>, valid: Bits },
-    I16 { v: Vec<i16>, valid: Bits },
-    I32 { v: Vec<i32>, valid: Bits },
-    I64 { v: Vec<i64>, valid: Bits },
-    F32 { v: Vec<u32>, valid: Bits },
-    F64 { v: Vec<u64>, valid: Bits },
-    Bool { v: Bits, valid: Bits },
+    Var { offsets: Vec<i32>, data: Vec<u8>, valid: Validity },
+    I8 { v: Vec<i8>, valid: Validity },
+    I16 { v: Vec<i16>, valid: Validity },
+    I32 { v: Vec<i32>, valid: Validity },
+    I64 { v: Vec<i64>, valid: Validity },
+    F32 { v: Vec<u32>, valid: Validity },
+    F64 { v: Vec<u64>, valid: Validity },
+    Bool { v: Bits, valid: Validity },
     /// list (and map: its child is the struct of key and value)
-    List { offsets: Vec<i32>, valid: Bits, child: Box<Out> },
-    Struct { valid: Bits, children: Vec<Out> },
+    List { offsets: Vec<i32>, valid: Validity, child: Box<Out> },
+    Struct { valid: Validity, children: Vec<Out> },
 }
 
 impl Out {
     pub fn var() -> Out {
-        Out::Var { offsets: vec![0], data: Vec::new(), valid: Bits::default() }
+        Out::Var { offsets: vec![0], data: Vec::new(), valid: Validity::default() }
     }
 
     /// A binary/string column with room for `items` values of `bytes` in all: reserved address space is not
@@ -38,18 +121,18 @@ impl Out {
     pub fn var_with_capacity(items: usize, bytes: usize) -> Out {
         let mut offsets = Vec::with_capacity(items + 1);
         offsets.push(0);
-        Out::Var { offsets, data: Vec::with_capacity(bytes), valid: Bits::default() }
+        Out::Var { offsets, data: Vec::with_capacity(bytes), valid: Validity::default() }
     }
 
     pub fn list(child: Out) -> Out {
-        Out::List { offsets: vec![0], valid: Bits::default(), child: Box::new(child) }
+        Out::List { offsets: vec![0], valid: Validity::default(), child: Box::new(child) }
     }
 
     pub fn len(&self) -> usize {
         match self {
             Out::Var { valid, .. } | Out::I8 { valid, .. } | Out::I16 { valid, .. } | Out::I32 { valid, .. }
             | Out::I64 { valid, .. } | Out::F32 { valid, .. } | Out::F64 { valid, .. } | Out::Bool { valid, .. }
-            | Out::List { valid, .. } | Out::Struct { valid, .. } => valid.len,
+            | Out::List { valid, .. } | Out::Struct { valid, .. } => valid.len(),
         }
     }
 
@@ -189,7 +272,7 @@ impl Out {
     pub fn truncate(&mut self, n: usize) {
         match self {
             Out::Var { offsets, data, valid } => {
-                if n < valid.len {
+                if n < valid.len() {
                     offsets.truncate(n + 1);
                     data.truncate(offsets[n] as usize);
                     valid.truncate(n);
@@ -224,7 +307,7 @@ impl Out {
                 valid.truncate(n);
             }
             Out::List { offsets, valid, child } => {
-                if n < valid.len {
+                if n < valid.len() {
                     offsets.truncate(n + 1);
                     child.truncate(offsets[n] as usize);
                     valid.truncate(n);
@@ -244,15 +327,15 @@ impl Out {
     /// fresh pages again at each step.
     pub fn reserve_scaled(&mut self, factor: f64) {
         let more = |n: usize| (n as f64 * factor) as usize;
-        fn values<T>(v: &mut Vec<T>, valid: &mut Bits, more: impl Fn(usize) -> usize) {
+        fn values<T>(v: &mut Vec<T>, valid: &mut Validity, more: impl Fn(usize) -> usize) {
             v.reserve(more(v.len()));
-            valid.reserve(more(valid.len));
+            valid.reserve(more(valid.len()));
         }
         match self {
             Out::Var { offsets, data, valid } => {
-                offsets.reserve(more(valid.len));
+                offsets.reserve(more(valid.len()));
                 data.reserve(more(data.len()));
-                valid.reserve(more(valid.len));
+                valid.reserve(more(valid.len()));
             }
             Out::I8 { v, valid } => values(v, valid, more),
             Out::I16 { v, valid } => values(v, valid, more),
@@ -262,15 +345,15 @@ impl Out {
             Out::F64 { v, valid } => values(v, valid, more),
             Out::Bool { v, valid } => {
                 v.reserve(more(v.len));
-                valid.reserve(more(valid.len));
+                valid.reserve(more(valid.len()));
             }
             Out::List { offsets, valid, child } => {
-                offsets.reserve(more(valid.len));
-                valid.reserve(more(valid.len));
+                offsets.reserve(more(valid.len()));
+                valid.reserve(more(valid.len()));
                 child.reserve_scaled(factor);
             }
             Out::Struct { valid, children } => {
-                valid.reserve(more(valid.len));
+                valid.reserve(more(valid.len()));
                 for c in children.iter_mut() {
                     c.reserve_scaled(factor);
                 }
@@ -291,9 +374,9 @@ impl Out {
 
 /// Append value `x` to a fixed-width column, first writing the nulls `Out::null` left unwritten.
 #[inline]
-fn fixed<T: Copy + Default>(v: &mut Vec<T>, valid: &mut Bits, x: T) {
-    if v.len() < valid.len {
-        v.resize(valid.len, T::default());
+fn fixed<T: Copy + Default>(v: &mut Vec<T>, valid: &mut Validity, x: T) {
+    if v.len() < valid.len() {
+        v.resize(valid.len(), T::default());
     }
     v.push(x);
     valid.push(true);
@@ -324,6 +407,10 @@ pub struct Events {
     pub current: i32,
     /// the Python reprs an event id hashes, written here first (one buffer for all the events)
     pub scratch: String,
+    /// an event's key columns as JSON (`events::key_columns_json`), written once for its key and both rows
+    pub key_text: String,
+    /// the segment name the last event named, as JSON
+    pub segments: SegmentJson,
 }
 
 impl Events {
@@ -332,7 +419,8 @@ impl Events {
         Events { partition: Vec::with_capacity(n), event_id: Out::var_with_capacity(n, 32 * n),
                  op: Out::var_with_capacity(n, n), key_json: Out::var_with_capacity(n, 64 * n),
                  event_json: Out::var_with_capacity(n, 1024 * n), ts_us: Vec::with_capacity(n), current: 0,
-                 scratch: String::with_capacity(1024) }
+                 scratch: String::with_capacity(1024), key_text: String::with_capacity(64),
+                 segments: SegmentJson::default() }
     }
 
     pub fn len(&self) -> usize {
@@ -358,11 +446,11 @@ fn arrow_nested(t: &Ty) -> bool {
 
 /// An empty builder for `arrow_type(t)`.
 pub fn builder(t: &Ty) -> Out {
-    let v = || Bits::default();
+    let v = Validity::default;
     match t {
         Ty::Ascii | Ty::Text | Ty::Varint | Ty::Decimal | Ty::Uuid | Ty::TimeUuid | Ty::Inet | Ty::Blob | Ty::Custom(_)
         | Ty::Empty => Out::var(),
-        Ty::Bool => Out::Bool { v: v(), valid: v() },
+        Ty::Bool => Out::Bool { v: Bits::default(), valid: v() },
         Ty::Int(1) => Out::I8 { v: Vec::new(), valid: v() },
         Ty::Int(2) => Out::I16 { v: Vec::new(), valid: v() },
         Ty::Int(4) | Ty::Date => Out::I32 { v: Vec::new(), valid: v() },
@@ -567,20 +655,20 @@ pub fn arrow_complex(o: &mut Out, t: &Ty, items: &[Item]) -> D<()> {
             o.end_list();
         }
         Ty::Set(e, _) => {
-            for (p, _) in engine::in_path_order(e, items)? {
+            for (p, _) in in_path_order(e, items)? {
                 arrow_value(o.child(0), e, Some(p))?;
             }
             o.end_list();
         }
         Ty::Map(k, v, _) => {
-            let ordered = engine::in_path_order(k, items)?;
+            let ordered = in_path_order(k, items)?;
             let pairs: Vec<(Option<&[u8]>, Option<&[u8]>)> = ordered.iter().map(|(p, x)| (Some(*p), Some(*x))).collect();
             map_value(o, k, v, &pairs)?;
         }
         Ty::Udt(_, f, _) => {
             let mut vals: Vec<Option<&[u8]>> = vec![None; f.len()];
             for (p, v) in items {
-                let p = p.as_ref().ok_or(Doubt)?;
+                let p = p.ok_or(Doubt)?;
                 if p.len() != 2 {
                     return Err(Doubt);
                 }
@@ -598,340 +686,4 @@ pub fn arrow_complex(o: &mut Out, t: &Ty, items: &[Item]) -> D<()> {
         _ => return Err(Doubt),
     }
     Ok(())
-}
-
-// ---- state rows ------------------------------------------------------------------------------------------------
-
-/// Builders of `merge_source_schema(table)`: the typed columns (`Table.value_cols`), then the metadata.
-pub struct StateRows {
-    pub n: usize,
-    pub typed: Vec<Out>,
-    pub partition_key: Out,
-    pub row_kind: Out,
-    pub clustering: Out,
-    pub liveness_ts: Out,
-    pub liveness_ttl: Out,
-    pub liveness_ldt: Out,
-    pub deletion_ts: Out,
-    pub deletion_ldt: Out,
-    pub shadowable_ts: Out,
-    pub shadowable_ldt: Out,
-    pub cells: Out,
-    pub complex_deletions: Out,
-    pub range_tombstones: Out,
-    pub token: Out,
-    pub live: Out,
-    pub next_expiry: Out,
-    pub updated_batch: Out,
-    pub oldest_deletion: Out,
-    pub delete: Out,
-}
-
-fn i64b() -> Out {
-    Out::I64 { v: Vec::new(), valid: Bits::default() }
-}
-
-fn i32b() -> Out {
-    Out::I32 { v: Vec::new(), valid: Bits::default() }
-}
-
-fn boolb() -> Out {
-    Out::Bool { v: Bits::default(), valid: Bits::default() }
-}
-
-fn structb(children: Vec<Out>) -> Out {
-    Out::Struct { valid: Bits::default(), children }
-}
-
-impl StateRows {
-    pub fn new(t: &Table) -> StateRows {
-        StateRows {
-            n: 0,
-            typed: t.value_cols.iter().map(|c| builder(t.c(*c).ty.as_ref().expect("typed column"))).collect(),
-            partition_key: Out::var(),
-            row_kind: Out::var(),
-            clustering: Out::var(),
-            liveness_ts: i64b(),
-            liveness_ttl: i32b(),
-            liveness_ldt: i64b(),
-            deletion_ts: i64b(),
-            deletion_ldt: i64b(),
-            shadowable_ts: i64b(),
-            shadowable_ldt: i64b(),
-            // column, path, value, ts, ttl, ldt, tombstone
-            cells: Out::list(structb(vec![Out::var(), Out::var(), Out::var(), i64b(), i32b(), i64b(), boolb()])),
-            // column, ts, ldt
-            complex_deletions: Out::list(structb(vec![Out::var(), i64b(), i64b()])),
-            // start, start_inclusive, end, end_inclusive, ts, ldt
-            range_tombstones: Out::list(structb(vec![Out::var(), boolb(), Out::var(), boolb(), i64b(), i64b()])),
-            token: i64b(),
-            live: boolb(),
-            next_expiry: i64b(),
-            updated_batch: i64b(),
-            oldest_deletion: i64b(),
-            delete: boolb(),
-        }
-    }
-
-    /// Every builder, in `merge_source_schema` order.
-    pub fn columns_mut(&mut self) -> Vec<&mut Out> {
-        let mut v: Vec<&mut Out> = self.typed.iter_mut().collect();
-        v.extend([&mut self.partition_key, &mut self.row_kind, &mut self.clustering, &mut self.liveness_ts,
-                  &mut self.liveness_ttl, &mut self.liveness_ldt, &mut self.deletion_ts, &mut self.deletion_ldt,
-                  &mut self.shadowable_ts, &mut self.shadowable_ldt, &mut self.cells, &mut self.complex_deletions,
-                  &mut self.range_tombstones, &mut self.token, &mut self.live, &mut self.next_expiry,
-                  &mut self.updated_batch, &mut self.oldest_deletion, &mut self.delete]);
-        v
-    }
-
-    /// Drop the rows after the first `n` (what a doubted partition appended, rows it completed or not): every
-    /// complete row has an entry in every column.
-    pub fn truncate(&mut self, n: usize) {
-        self.n = n;
-        for o in self.columns_mut() {
-            o.truncate(n);
-        }
-    }
-
-    /// Every builder, in `merge_source_schema` order.
-    pub fn columns(self) -> Vec<Out> {
-        let mut v = self.typed;
-        v.extend([self.partition_key, self.row_kind, self.clustering, self.liveness_ts, self.liveness_ttl,
-                  self.liveness_ldt, self.deletion_ts, self.deletion_ldt, self.shadowable_ts, self.shadowable_ldt,
-                  self.cells, self.complex_deletions, self.range_tombstones, self.token, self.live, self.next_expiry,
-                  self.updated_batch, self.oldest_deletion, self.delete]);
-        v
-    }
-
-    fn push_cell(&mut self, t: &Table, col: ColId, path: Option<&[u8]>, c: &Cell) {
-        let e = self.cells.child(0);
-        e.child(0).bytes(t.name_of(col).as_bytes());
-        e.child(1).opt_bytes(path);
-        e.child(2).bytes(&c.value);
-        e.child(3).i64(c.ts);
-        e.child(4).i32(c.ttl);
-        e.child(5).i64(c.ldt);
-        e.child(6).bool(c.tomb);
-        e.end_struct();
-    }
-
-    /// The metadata of one stored record (`partition_to_records`): its kind, clustering, row state.
-    fn meta(&mut self, t: &Table, pk: &[u8], kind: &str, ck: &[u8], row: Option<&RowState>,
-            part_del: Option<&PartitionState>) {
-        self.partition_key.bytes(pk);
-        self.row_kind.bytes(kind.as_bytes());
-        self.clustering.bytes(ck);
-        match row {
-            Some(r) => {
-                self.liveness_ts.opt_i64(r.liveness.map(|l| l.0));
-                self.liveness_ttl.opt_i32(r.liveness.map(|l| l.1));
-                self.liveness_ldt.opt_i64(r.liveness.map(|l| l.2));
-                self.deletion_ts.opt_i64(r.deletion.map(|d| d.0));
-                self.deletion_ldt.opt_i64(r.deletion.map(|d| d.1));
-                self.shadowable_ts.opt_i64(r.shadowable.map(|d| d.0));
-                self.shadowable_ldt.opt_i64(r.shadowable.map(|d| d.1));
-                // simple cells by column name, then each complex column (by name): its deletion, its cells by path
-                for (col, c) in t.in_name_order(&r.cells) {
-                    self.push_cell(t, *col, None, c);
-                }
-                for (col, e) in t.in_name_order(&r.complex) {
-                    if let Some(d) = e.del {
-                        let cd = self.complex_deletions.child(0);
-                        cd.child(0).bytes(t.name_of(*col).as_bytes());
-                        cd.child(1).i64(d.0);
-                        cd.child(2).i64(d.1);
-                        cd.end_struct();
-                    }
-                    for (p, c) in &e.cells {
-                        self.push_cell(t, *col, Some(p), c);
-                    }
-                }
-            }
-            None => {
-                for o in [&mut self.liveness_ts, &mut self.liveness_ldt, &mut self.shadowable_ts,
-                          &mut self.shadowable_ldt] {
-                    o.null();
-                }
-                self.liveness_ttl.null();
-                let d = part_del.and_then(|p| p.deletion);
-                self.deletion_ts.opt_i64(d.map(|d| d.0));
-                self.deletion_ldt.opt_i64(d.map(|d| d.1));
-            }
-        }
-        self.cells.end_list();
-        self.complex_deletions.end_list();
-        if let Some(p) = part_del {
-            for ((s, si, e, ei), d) in &p.rts {
-                let rt = self.range_tombstones.child(0);
-                rt.child(0).bytes(s);
-                rt.child(1).bool(*si);
-                rt.child(2).bytes(e);
-                rt.child(3).bool(*ei);
-                rt.child(4).i64(d.0);
-                rt.child(5).i64(d.1);
-                rt.end_struct();
-            }
-        }
-        self.range_tombstones.end_list();
-    }
-
-    /// The typed columns of one record: the partition key always; for a visible row every column of its CQL
-    /// row; for a row that is not visible its clustering; null elsewhere.
-    fn typed_row(&mut self, t: &Table, pk: &[u8], ck: &[u8], imgs: Option<&Images>, keyed: bool) -> D<()> {
-        let cl = if ck.is_empty() { Vec::new() } else { engine::decode_clustering(ck) };
-        for (i, col) in t.value_cols.iter().enumerate() {
-            let c = t.c(*col);
-            let ty = c.ty.as_ref().ok_or(Doubt)?;
-            let o = &mut self.typed[i];
-            match c.role {
-                Role::PartitionKey => {
-                    let j = t.pk.iter().position(|x| x == col).unwrap();
-                    arrow_value(o, ty, Some(engine::partition_key_parts(t, pk).nth(j).ok_or(Doubt)?))?;
-                }
-                Role::Clustering => {
-                    if imgs.is_some() || keyed {
-                        let j = t.ck.iter().position(|x| x == col).unwrap();
-                        arrow_value(o, ty, cl.get(j).copied().flatten())?;
-                    } else {
-                        o.null();
-                    }
-                }
-                role => match imgs {
-                    None => o.null(),
-                    Some(im) => {
-                        let src: Option<&Image> = if role == Role::Static { Some(&im.0) } else { im.1.as_ref() };
-                        match src.and_then(|img| img.binary_search_by_key(col, |x| x.0).ok().map(|k| &img[k].1)) {
-                            None => o.null(),
-                            Some(IVal::Bytes(b)) => arrow_value(o, ty, Some(&b[..]))?,
-                            Some(IVal::Counter(total)) => o.i64(i64::try_from(*total).map_err(|_| Doubt)?),
-                            Some(IVal::Items(items)) => arrow_complex(o, ty, items)?,
-                        }
-                    }
-                },
-            }
-        }
-        Ok(())
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn tail(&mut self, token: i64, live: bool, next_expiry: Option<i64>, batch_seq: i64, oldest: i64) {
-        self.token.i64(token);
-        self.live.bool(live);
-        self.next_expiry.opt_i64(next_expiry);
-        self.updated_batch.i64(batch_seq);
-        self.oldest_deletion.i64(oldest);
-        self.delete.bool(false);
-        self.n += 1;
-    }
-
-    /// `change_rows(table, pk, prior, new, now, batch_seq, token)`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn change_rows(&mut self, t: &Table, pk: &[u8], token: i64, prior: Option<&PartitionState>,
-                       part: &PartitionState, now: i64, batch_seq: i64) -> D<()> {
-        let images = engine::partition_images(t, part, now, None)?;
-        let next = engine::next_expiry(part, now);
-        let mut present: Vec<(&str, &[u8])> = Vec::new();
-        if part.deletion.is_some() || !part.rts.is_empty() {
-            self.typed_row(t, pk, b"", None, false)?;
-            self.meta(t, pk, "partition", b"", None, Some(part));
-            self.tail(token, false, next, batch_seq, oldest_deletion(t, None, Some(part)));
-            present.push(("partition", b""));
-        }
-        if !part.static_row.is_empty() {
-            let imgs = images.get(&None);
-            self.typed_row(t, pk, b"", imgs, false)?;
-            self.meta(t, pk, "static", b"", Some(&part.static_row), None);
-            self.tail(token, imgs.is_some(), next, batch_seq, oldest_deletion(t, Some(&part.static_row), None));
-            present.push(("static", b""));
-        }
-        // the rows' images in the same key order as the rows (after the static row's, keyed None)
-        let mut row_images = images.iter().filter_map(|(k, im)| Some((k.as_ref()?, im))).peekable();
-        for (ck, row) in &part.rows {
-            while row_images.next_if(|(k, _)| *k < ck).is_some() {}
-            let imgs = row_images.next_if(|(k, _)| *k == ck).map(|(_, im)| im);
-            self.typed_row(t, pk, ck, imgs, true)?;
-            self.meta(t, pk, "row", ck, Some(row), None);
-            self.tail(token, imgs.is_some(), next, batch_seq, oldest_deletion(t, Some(row), None));
-            present.push(("row", ck));
-        }
-        if let Some(prior) = prior {
-            let mut gone: Vec<(&str, &[u8])> = Vec::new();
-            if prior.deletion.is_some() || !prior.rts.is_empty() {
-                gone.push(("partition", b""));
-            }
-            if !prior.static_row.is_empty() {
-                gone.push(("static", b""));
-            }
-            for ck in prior.rows.keys() {
-                gone.push(("row", ck));
-            }
-            for (kind, ck) in gone {
-                if present.iter().any(|&(k, c)| k == kind && key::eq(c, ck)) {
-                    continue;
-                }
-                for o in self.typed.iter_mut() {
-                    o.null();
-                }
-                self.partition_key.bytes(pk);
-                self.row_kind.bytes(kind.as_bytes());
-                self.clustering.bytes(ck);
-                for o in [&mut self.liveness_ts, &mut self.liveness_ttl, &mut self.liveness_ldt, &mut self.deletion_ts,
-                          &mut self.deletion_ldt, &mut self.shadowable_ts, &mut self.shadowable_ldt, &mut self.cells,
-                          &mut self.complex_deletions, &mut self.range_tombstones, &mut self.live,
-                          &mut self.next_expiry, &mut self.updated_batch, &mut self.oldest_deletion] {
-                    o.null();
-                }
-                self.token.i64(token);
-                self.delete.bool(true);
-                self.n += 1;
-            }
-        }
-        Ok(())
-    }
-}
-
-/// `state.purge.oldest_deletion_time` of one stored record (a row's, or the partition record's): the earliest
-/// time from which `gc_grace_seconds` counts for anything in it, `DROPPED_DATA` (0) when it holds data of a
-/// dropped column written at or before the drop.
-fn oldest_deletion(t: &Table, row: Option<&RowState>, part: Option<&PartitionState>) -> i64 {
-    const DROPPED_DATA: i64 = 0;
-    let mut times: Vec<i64> = Vec::new();
-    if let Some(r) = row {
-        let hidden = |col: ColId, ts: i64| t.c(col).drop_time.is_some_and(|d| ts <= d);
-        if r.cells.iter().any(|(c, cell)| hidden(*c, cell.ts))
-            || r.complex.iter().any(|(c, e)| e.del.is_some_and(|d| hidden(*c, d.0))
-                || e.cells.values().any(|cell| hidden(*c, cell.ts))) {
-            return DROPPED_DATA;
-        }
-        times.extend(r.deletion.map(|d| d.1));
-        times.extend(r.shadowable.map(|d| d.1));
-        if let Some(l) = r.liveness {
-            if l.1 != 0 {
-                times.push(l.2);
-            }
-        }
-        let mut cell_time = |c: &Cell| {
-            if c.tomb {
-                times.push(c.ldt);
-            } else if c.ttl != 0 {
-                times.push(c.ldt - c.ttl as i64);
-            }
-        };
-        for (_, c) in &r.cells {
-            cell_time(c);
-        }
-        for (_, e) in &r.complex {
-            for c in e.cells.values() {
-                cell_time(c);
-            }
-        }
-        for (_, e) in &r.complex {
-            times.extend(e.del.map(|d| d.1));
-        }
-    }
-    if let Some(p) = part {
-        times.extend(p.deletion.map(|d| d.1));
-        times.extend(p.rts.values().map(|d| d.1));
-    }
-    times.into_iter().min().unwrap_or(engine::NO_DELETION_TIME)
 }

@@ -430,7 +430,7 @@ pub fn json_value(out: &mut String, t: &Ty, b: &[u8]) -> D<()> {
             }
             text::json_str(out, std::str::from_utf8(b).unwrap());
         }
-        Ty::Text => text::json_str(out, std::str::from_utf8(b).map_err(|_| Doubt)?),
+        Ty::Text => text::json_text(out, b).map_err(|_| Doubt)?,
         Ty::Blob => hex(out, b),
         Ty::Custom(fixed) => {
             if matches!(fixed, Some(f) if *f as usize != b.len()) {
@@ -448,7 +448,7 @@ pub fn json_value(out: &mut String, t: &Ty, b: &[u8]) -> D<()> {
             if b.len() != *size as usize {
                 return Err(Doubt);
             }
-            push_int(out, text::bigint_i128(b).unwrap());
+            text::push_i64(out, be_int(b));
         }
         Ty::Counter => push_int(out, counter_total(b)?),
         Ty::Varint => match text::bigint_i128(b) {
@@ -556,6 +556,18 @@ fn hex(out: &mut String, b: &[u8]) {
     out.push_str("\"0x");
     crate::state::text::push_hex(out, b);
     out.push('"');
+}
+
+/// A big-endian two's complement integer of 1 to 8 bytes.
+#[inline]
+pub fn be_int(b: &[u8]) -> i64 {
+    match b.len() {
+        1 => b[0] as i8 as i64,
+        2 => i16::from_be_bytes([b[0], b[1]]) as i64,
+        4 => i32::from_be_bytes(b.try_into().unwrap()) as i64,
+        8 => i64::from_be_bytes(b.try_into().unwrap()),
+        _ => b.iter().fold(if b.first().is_some_and(|x| x & 0x80 != 0) { -1 } else { 0 }, |v, &x| (v << 8) | x as i64),
+    }
 }
 
 fn push_int(out: &mut String, v: i128) {

@@ -1,0 +1,614 @@
+//! Change events, as `cdc_lib.state.events` and `sinks.delta.outbox_row` make them: one per row whose images
+//! differ across a change, with its JSON envelope (full `before` and `after` rows), its key JSON and its id (the
+//! first half of a SHA-256 over the Python reprs `events._event_id` hashes). Written straight into the outbox's
+//! Arrow columns (`out::Events`).
+
+use std::cmp::Ordering;
+
+use sha2::{Digest, Sha256};
+
+use super::engine::{compare_clustering, decode_clustering, row_shadow_ts, Cell, Del, PartitionState, RowState,
+                    NO_DELETION_TIME, NO_TIMESTAMP};
+use super::images::{in_path_order, ImageSet, Img, Item, RowKey, IV};
+use super::out::Events;
+use super::phases::{Clock, Phase};
+use super::table::{ColId, Role, Table};
+use super::text::{json_str, push_hex, push_i128, push_i64, repr_bytes};
+use super::types::{self, Doubt, Ty, D};
+
+/// What the caller gives every event: who and when.
+pub struct EventCtx<'a> {
+    pub cluster: &'a str,
+    pub node: &'a str,
+    pub ts_ms: i64,
+}
+
+/// `_Emitter.ordered`: the static-only row first, then the clustering rows in clustering order. `keys` come in
+/// the order of their bytes (the static-only row first); rows that compare equal with different bytes have no
+/// defined order in Python (a set's), here they keep that one.
+fn order_keys(t: &Table, keys: &mut [RowKey]) -> D<()> {
+    let rest = match keys.first() {
+        Some(None) => &mut keys[1..],
+        _ => keys,
+    };
+    if rest.len() <= 1 {
+        return Ok(());
+    }
+    let mut err = None;
+    rest.sort_by(|a, b| {
+        let (a, b) = (a.as_ref().unwrap(), b.as_ref().unwrap());
+        match compare_clustering(t, &decode_clustering(a), &decode_clustering(b)) {
+            Ok(c) => c,
+            Err(d) => {
+                err = Some(d);
+                Ordering::Equal
+            }
+        }
+    });
+    match err {
+        Some(d) => Err(d),
+        None => Ok(()),
+    }
+}
+
+pub struct Emitter<'a> {
+    pub t: &'a Table,
+    pub ctx: &'a EventCtx<'a>,
+    /// what every event's JSON envelope holds between its `after` row and its segment: the source's constant
+    /// fields (`,"source":{"connector":...,"table":...,"segment":`)
+    source_prefix: String,
+}
+
+impl<'a> Emitter<'a> {
+    pub fn new(t: &'a Table, ctx: &'a EventCtx<'a>) -> Emitter<'a> {
+        let mut source_prefix = String::from(",\"source\":{\"connector\":\"cassandra-cdc\",\"cluster\":");
+        json_str(&mut source_prefix, ctx.cluster);
+        source_prefix.push_str(",\"node\":");
+        json_str(&mut source_prefix, ctx.node);
+        source_prefix.push_str(&t.source_names_json);
+        source_prefix.push_str(",\"segment\":");
+        Emitter { t, ctx, source_prefix }
+    }
+
+    /// `_Emitter.diff`: one event per row whose images differ, rows in clustering order. `keys`: room for the
+    /// rows' keys.
+    #[allow(clippy::too_many_arguments)]
+    pub fn diff<'x>(&self, pk: &[u8], part: &PartitionState, before: &ImageSet<'x>, after: &ImageSet<'x>, ts_us: i64,
+                    source: Option<(&[u8], i64)>, expired: bool, out: &mut Events, keys: &mut Vec<RowKey<'x>>)
+                    -> D<()> {
+        // the keys of both sets: the rows before (in key order), then those that only show after
+        keys.clear();
+        keys.extend(before.iter().map(|(k, _)| k));
+        let n = keys.len();
+        if after.static_only && !before.static_only {
+            keys.push(None);
+        }
+        for &(ck, _) in &after.rows {
+            if before.rows.binary_search_by(|r| r.0.cmp(&ck)).is_err() {
+                keys.push(Some(ck));
+            }
+        }
+        if keys.len() > n {
+            // the static-only row first, the others as Python's stable sort of `set(before) | set(after)` would
+            // leave them: before's, then after's
+            if let Some(i) = keys[n..].iter().position(|k| k.is_none()) {
+                keys[..=n + i].rotate_right(1);
+            }
+        }
+        order_keys(self.t, keys)?;
+        for &key in keys.iter() {
+            let b = before.get(key);
+            let a = after.get(key);
+            if a == b {
+                continue;
+            }
+            self.event(pk, part, key, b, a, ts_us, source, expired, out)?;
+        }
+        Ok(())
+    }
+
+    /// One event, written into `out`'s columns (the caller drops what a doubted partition wrote).
+    #[allow(clippy::too_many_arguments)]
+    fn event(&self, pk: &[u8], part: &PartitionState, key: RowKey, b: Option<Img>, a: Option<Img>, ts_us: i64,
+             source: Option<(&[u8], i64)>, expired: bool, out: &mut Events) -> D<()> {
+        let t = self.t;
+        let op = if b.is_none() { b'c' } else if a.is_none() { b'd' } else { b'u' };
+        let mut clock = Clock::start();
+        event_id_text(t, pk, key, op, ts_us, expired, part, a, &mut out.scratch)?;
+        clock.lap(Phase::EventsIdText);
+        let digest = event_id_of(&out.scratch);
+        clock.lap(Phase::EventsIdHash);
+        out.event_id.push_str_with(|id| {
+            push_hex(id, &digest);
+            Ok(())
+        })?;
+        // the key columns' JSON once: the key JSON's, and the first columns of both rows
+        let key_text = &mut out.key_text;
+        key_text.clear();
+        key_columns_json(key_text, t, pk, key)?;
+        let key_text = &out.key_text;
+        let segments = &mut out.segments;
+        out.event_json.push_str_with(|ej| {
+            self.event_json(ej, key_text, b, a, ts_us, source, expired, op, &digest, segments)
+        })?;
+        clock.lap(Phase::EventsJson);
+        out.key_json.push_str_with(|kj| {
+            kj.push('{');
+            kj.push_str(key_text);
+            kj.push('}');
+            Ok(())
+        })?;
+        clock.lap(Phase::EventsKey);
+        out.op.bytes(&[op]);
+        out.ts_us.push(ts_us);
+        out.partition.push(out.current);
+        Ok(())
+    }
+
+    /// The event's JSON envelope (`outbox_row`'s `event_json`).
+    #[allow(clippy::too_many_arguments)]
+    fn event_json(&self, ej: &mut String, key_text: &str, b: Option<Img>, a: Option<Img>, ts_us: i64,
+                  source: Option<(&[u8], i64)>, expired: bool, op: u8, digest: &[u8], segments: &mut SegmentJson)
+                  -> D<()> {
+        let t = self.t;
+        ej.push_str("{\"before\":");
+        row_json(ej, t, key_text, b)?;
+        ej.push_str(",\"after\":");
+        row_json(ej, t, key_text, a)?;
+        ej.push_str(&self.source_prefix);
+        match source {
+            Some((seg, _)) => segment_json(ej, seg, segments)?,
+            None => ej.push_str("null"),
+        }
+        ej.push_str(",\"position\":");
+        match source {
+            Some((_, pos)) => push_i64(ej, pos),
+            None => ej.push_str("null"),
+        }
+        ej.push_str(",\"ts_us\":");
+        push_i64(ej, ts_us);
+        ej.push_str(if expired { ",\"expired\":true" } else { ",\"expired\":false" });
+        ej.push_str(",\"snapshot\":false},\"op\":\"");
+        ej.push(op as char);
+        ej.push_str("\",\"ts_ms\":");
+        push_i64(ej, self.ctx.ts_ms);
+        ej.push_str(",\"id\":\"");
+        push_hex(ej, digest);
+        ej.push_str("\",\"changed\":[");
+        let mut first = true;
+        for &(col, kind) in &t.change_plan {
+            let differs = match kind {
+                0 => b.is_none() || a.is_none(),
+                _ => {
+                    let in_static = kind == 1;
+                    let x = b.and_then(|i| i.get(in_static, col).map(|v| (v, i.items)));
+                    let y = a.and_then(|i| i.get(in_static, col).map(|v| (v, i.items)));
+                    match (x, y) {
+                        (None, None) => false,
+                        (Some((x, xi)), Some((y, yi))) => !super::images::iv_eq(x, xi, y, yi),
+                        _ => true,
+                    }
+                }
+            };
+            if differs {
+                if !first {
+                    ej.push(',');
+                }
+                first = false;
+                ej.push_str(t.json_name(col));
+            }
+        }
+        ej.push_str("]}");
+        Ok(())
+    }
+}
+
+/// The JSON string of the last segment name an event named: a thread's events name a few segments, each many
+/// times in a row.
+#[derive(Default)]
+pub struct SegmentJson {
+    name: Vec<u8>,
+    json: String,
+}
+
+/// Segment name `seg` as a JSON string (Doubt: not UTF-8).
+fn segment_json(out: &mut String, seg: &[u8], last: &mut SegmentJson) -> D<()> {
+    if last.json.is_empty() || !super::key::eq(&last.name, seg) {
+        last.json.clear();
+        json_str(&mut last.json, std::str::from_utf8(seg).map_err(|_| Doubt)?);
+        last.name.clear();
+        last.name.extend_from_slice(seg);
+    }
+    out.push_str(&last.json);
+    Ok(())
+}
+
+/// `split_partition_key`, as the components one at a time (a single-column key is the whole key).
+pub fn partition_key_parts<'k>(t: &Table, key: &'k [u8]) -> impl Iterator<Item = &'k [u8]> {
+    let single = t.pk.len() <= 1;
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        if single {
+            if i > 0 {
+                return None;
+            }
+            i = 1;
+            return Some(key);
+        }
+        if i >= key.len() {
+            return None;
+        }
+        let ln = if i + 2 <= key.len() {
+            ((key[i] as usize) << 8) | key[i + 1] as usize
+        } else {
+            key[i] as usize
+        };
+        let a = (i + 2).min(key.len());
+        let part = &key[a..(i + 2 + ln).min(key.len())];
+        i += 3 + ln;
+        Some(part)
+    })
+}
+
+/// The key columns of `to_json_key(table, key)`, as `"name":value` pairs joined by commas (a key JSON's content,
+/// and the first columns of a JSON row): the partition key's components, then the clustering columns (null for
+/// the static-only row).
+fn key_columns_json(out: &mut String, t: &Table, pk: &[u8], key: RowKey) -> D<()> {
+    let mut parts = partition_key_parts(t, pk);
+    for (i, col) in t.pk.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        let c = t.c(*col);
+        out.push_str(&c.json_key);
+        // a key with fewer components than key columns: Python's event() fails on the missing one
+        types::json_value(out, c.ty.as_ref().ok_or(Doubt)?, parts.next().ok_or(Doubt)?)?;
+    }
+    if t.ck.is_empty() {
+        return Ok(());
+    }
+    let vals = match key {
+        Some(k) if !k.is_empty() => decode_clustering(k.0),
+        _ => Vec::new(),
+    };
+    for (i, col) in t.ck.iter().enumerate() {
+        out.push(',');
+        let c = t.c(*col);
+        out.push_str(&c.json_key);
+        types::json_opt(out, c.ty.as_ref().ok_or(Doubt)?, vals.get(i).copied().flatten())?;
+    }
+    Ok(())
+}
+
+/// The JSON of a non-key column from an image value (`typed_row` then `to_json`); `items`: the image's.
+pub fn ival_json(out: &mut String, ty: &Ty, v: &IV, items: &[Item]) -> D<()> {
+    match v {
+        IV::Bytes(b) => types::json_value(out, ty, b),
+        IV::Counter(total) => {
+            push_i128(out, *total);
+            Ok(())
+        }
+        IV::Items(s, e) => complex_json(out, ty, &items[*s as usize..*e as usize]),
+    }
+}
+
+/// A complex column's value from its live items (`decode_cells` of the items in path order, then `to_json`).
+fn complex_json(out: &mut String, ty: &Ty, items: &[Item]) -> D<()> {
+    match ty {
+        Ty::List(e, _) => types::json_list(out, items.iter().map(|(_, v)| (&**e, Some(*v)))),
+        Ty::Set(e, _) => {
+            let ordered = in_path_order(e, items)?;
+            types::json_list(out, ordered.iter().map(|(p, _)| (&**e, Some(*p))))
+        }
+        Ty::Map(k, v, _) => {
+            let ordered = in_path_order(k, items)?;
+            let pairs: Vec<(Option<&[u8]>, Option<&[u8]>)> = ordered.iter().map(|(p, x)| (Some(*p), Some(*x))).collect();
+            types::json_map(out, k, v, &pairs)
+        }
+        Ty::Udt(names, fields, _) => {
+            let mut vals: Vec<Option<&[u8]>> = vec![None; fields.len()];
+            for (p, v) in items {
+                let p = p.ok_or(Doubt)?;
+                if p.len() != 2 {
+                    return Err(Doubt);
+                }
+                let i = i16::from_be_bytes([p[0], p[1]]);
+                if i < 0 || i as usize >= fields.len() {
+                    return Err(Doubt);
+                }
+                vals[i as usize] = Some(v);
+            }
+            types::json_udt(out, names, fields, |i| vals[i])
+        }
+        _ => Err(Doubt),
+    }
+}
+
+/// `json.dumps(to_json_row(table, typed_row(...)))` or null; `key_text`: the key columns' (`key_columns_json`).
+fn row_json(out: &mut String, t: &Table, key_text: &str, imgs: Option<Img>) -> D<()> {
+    let Some(img) = imgs else {
+        out.push_str("null");
+        return Ok(());
+    };
+    out.push('{');
+    out.push_str(key_text);
+    // the other columns follow the key's in `value_cols`
+    for col in &t.value_cols[t.pk.len() + t.ck.len()..] {
+        let c = t.c(*col);
+        out.push(',');
+        out.push_str(&c.json_key);
+        match img.get(c.role == Role::Static, *col) {
+            None => out.push_str("null"),
+            Some(v) => ival_json(out, c.ty.as_ref().ok_or(Doubt)?, v, img.items)?,
+        }
+    }
+    out.push('}');
+    Ok(())
+}
+
+// ---- event ids: sha256 of Python reprs ------------------------------------------------------------------------
+
+fn repr_del(out: &mut String, d: &Option<Del>) {
+    match d {
+        None => out.push_str("None"),
+        Some((a, b)) => {
+            out.push('(');
+            push_i64(out, *a);
+            out.push_str(", ");
+            push_i64(out, *b);
+            out.push(')');
+        }
+    }
+}
+
+/// The event's write time and where its digits are in the id text: most cells carry that time, and copying its
+/// digits is cheaper than writing them again.
+#[derive(Clone, Copy)]
+struct WriteTime {
+    ts: i64,
+    at: (usize, usize),
+}
+
+impl WriteTime {
+    /// `ts` in decimal, copied when it is the write time.
+    fn push(self, out: &mut String, ts: i64) {
+        if ts == self.ts {
+            // SAFETY: ASCII digits of the same string
+            unsafe { out.as_mut_vec() }.extend_from_within(self.at.0..self.at.1);
+        } else {
+            push_i64(out, ts);
+        }
+    }
+}
+
+/// `str(ldt)`: most cells never expire.
+fn push_ldt(out: &mut String, ldt: i64) {
+    if ldt == NO_DELETION_TIME {
+        out.push_str("2147483647");
+    } else {
+        push_i64(out, ldt);
+    }
+}
+
+fn repr_cell(out: &mut String, c: &Cell, wt: WriteTime) {
+    out.push('(');
+    wt.push(out, c.ts);
+    out.push_str(", ");
+    push_i64(out, c.ttl as i64);
+    out.push_str(", ");
+    push_ldt(out, c.ldt);
+    out.push_str(if c.tomb { ", True, " } else { ", False, " });
+    repr_bytes(out, &c.value);
+    out.push(')');
+}
+
+/// Python's repr of a tuple, its items written in place: `(a, b)`, `(a,)`, `()`.
+struct ReprTuple {
+    n: usize,
+}
+
+impl ReprTuple {
+    fn open(out: &mut String) -> ReprTuple {
+        out.push('(');
+        ReprTuple { n: 0 }
+    }
+
+    /// Call before writing each item.
+    fn item(&mut self, out: &mut String) {
+        if self.n > 0 {
+            out.push_str(", ");
+        }
+        self.n += 1;
+    }
+
+    fn close(self, out: &mut String) {
+        if self.n == 1 {
+            out.push(',');
+        }
+        out.push(')');
+    }
+}
+
+fn repr_name(out: &mut String, t: &Table, col: ColId) -> D<()> {
+    out.push_str(t.c(col).repr.as_deref().ok_or(Doubt)?);
+    Ok(())
+}
+
+/// The start of a `(column name, ...)` item of `tup`; the caller writes the rest and the `)`.
+fn named_item(out: &mut String, tup: &mut ReprTuple, t: &Table, col: ColId) -> D<()> {
+    tup.item(out);
+    out.push('(');
+    repr_name(out, t, col)?;
+    out.push_str(", ");
+    Ok(())
+}
+
+/// `_row_state_repr(row)`.
+fn repr_row_state(out: &mut String, t: &Table, row: Option<&RowState>, wt: WriteTime) -> D<()> {
+    let row = match row {
+        None => {
+            out.push_str("()");
+            return Ok(());
+        }
+        Some(r) => r,
+    };
+    if row.is_empty() {
+        // a partition's static row, mostly
+        out.push_str("(None, None, None, (), ())");
+        return Ok(());
+    }
+    out.push('(');
+    match row.liveness {
+        None => out.push_str("None"),
+        Some((a, b, c)) => {
+            out.push('(');
+            push_i64(out, a);
+            out.push_str(", ");
+            push_i64(out, b as i64);
+            out.push_str(", ");
+            push_i64(out, c);
+            out.push(')');
+        }
+    }
+    out.push_str(", ");
+    repr_del(out, &row.deletion);
+    out.push_str(", ");
+    repr_del(out, &row.shadowable);
+    out.push_str(", ");
+    let mut tup = ReprTuple::open(out);
+    for (col, c) in t.in_name_order(&row.cells) {
+        named_item(out, &mut tup, t, *col)?;
+        repr_cell(out, c, wt);
+        out.push(')');
+    }
+    tup.close(out);
+    out.push_str(", ");
+    let mut tup = ReprTuple::open(out);
+    for (col, e) in t.in_name_order(&row.complex) {
+        named_item(out, &mut tup, t, *col)?;
+        repr_del(out, &e.del);
+        out.push_str(", ");
+        let mut inner = ReprTuple::open(out);
+        for (p, c) in &e.cells {
+            inner.item(out);
+            out.push('(');
+            repr_bytes(out, p);
+            out.push_str(", ");
+            repr_cell(out, c, wt);
+            out.push(')');
+        }
+        inner.close(out);
+        out.push(')');
+    }
+    tup.close(out);
+    out.push(')');
+    Ok(())
+}
+
+fn repr_ival(out: &mut String, v: &IV, items: &[Item]) {
+    match v {
+        IV::Bytes(b) => repr_bytes(out, b),
+        IV::Counter(n) => push_i128(out, *n),
+        IV::Items(s, e) => {
+            let mut tup = ReprTuple::open(out);
+            for (p, x) in &items[*s as usize..*e as usize] {
+                tup.item(out);
+                out.push('(');
+                match p {
+                    None => out.push_str("None"),
+                    Some(p) => repr_bytes(out, p),
+                }
+                out.push_str(", ");
+                repr_bytes(out, x);
+                out.push(')');
+            }
+            tup.close(out);
+        }
+    }
+}
+
+/// `repr(sorted(img.items()))`.
+fn repr_image(out: &mut String, t: &Table, img: &[(ColId, IV)], items: &[Item]) -> D<()> {
+    out.push('[');
+    for (i, (col, v)) in t.in_name_order(img).enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        out.push('(');
+        repr_name(out, t, *col)?;
+        out.push_str(", ");
+        repr_ival(out, v, items);
+        out.push(')');
+    }
+    out.push(']');
+    Ok(())
+}
+
+/// The reprs `events._event_id` hashes, one after the other, written into `s` (`event_id_of` hashes them at once:
+/// the same digest as hashing each in turn).
+#[allow(clippy::too_many_arguments)]
+pub fn event_id_text(t: &Table, pk: &[u8], key: RowKey, op: u8, ts_us: i64, expired: bool, part: &PartitionState,
+                     a_img: Option<Img>, s: &mut String) -> D<()> {
+    if !t.repr_ok {
+        return Err(Doubt);
+    }
+    s.clear();
+    s.push('(');
+    s.push_str(t.id_repr.as_deref().ok_or(Doubt)?);
+    s.push_str(", ");
+    repr_bytes(s, pk);
+    s.push_str(", ");
+    match key {
+        None => s.push_str("None"),
+        Some(k) => repr_bytes(s, &k),
+    }
+    s.push_str(", '");
+    s.push(op as char);
+    s.push_str("', ");
+    let at = s.len();
+    push_i64(s, ts_us);
+    let wt = WriteTime { ts: ts_us, at: (at, s.len()) };
+    s.push_str(if expired { ", True)" } else { ", False)" });
+    repr_row_state(s, t, Some(&part.static_row), wt)?;
+    repr_del(s, &part.deletion);
+    match key {
+        Some(k) => {
+            repr_row_state(s, t, part.rows.get(&k), wt)?;
+            match row_shadow_ts(t, part, &k)? {
+                NO_TIMESTAMP => s.push_str("-9223372036854775808"),
+                shadow => push_i64(s, shadow),
+            }
+        }
+        None => {
+            // the static-only row exists or not depending on the partition's clustering rows
+            s.push('[');
+            for (i, (k, r)) in part.rows.iter().enumerate() {
+                if i > 0 {
+                    s.push_str(", ");
+                }
+                s.push('(');
+                repr_bytes(s, &k);
+                s.push_str(", ");
+                repr_row_state(s, t, Some(r), wt)?;
+                s.push(')');
+            }
+            s.push(']');
+        }
+    }
+    if let Some(img) = a_img {
+        s.push('(');
+        repr_image(s, t, img.stat, img.items)?;
+        s.push_str(", ");
+        match img.row {
+            None => s.push_str("None"),
+            Some(r) => repr_image(s, t, r, img.items)?,
+        }
+        s.push(')');
+    }
+    Ok(())
+}
+
+/// `events._event_id`: the first 16 bytes (32 hex digits) of SHA-256 over `event_id_text`.
+pub fn event_id_of(text: &str) -> [u8; 16] {
+    Sha256::digest(text.as_bytes())[..16].try_into().expect("a SHA-256 digest has 32 bytes")
+}
