@@ -34,7 +34,7 @@ from cdc_lib.cql.system_schema import SYSTEM_KEYSPACES, SYSTEM_TABLE_NOT_IN_SCHE
 from .schema import CELL_LOG_SCHEMA
 
 ENV = "CASSANDRA_CDC_NATIVE"
-API = 6                 # the cdc_native API this code speaks (``API`` in native/src/lib.rs)
+API = 7                 # the cdc_native API this code speaks (``API`` in native/src/lib.rs)
 
 try:  # the compiled module is optional: without it the package is pure Python
     import cdc_native as _native

@@ -985,8 +985,13 @@ def table_outputs(table, cell_log: pa.Table, stored: pa.Table, now: int, *, prev
     if tb is None:
         tb = native_state.python_table(table, cell_log, records, now, prev_now=prev_now, expiring=expiring,
                                        cluster=cluster)
-    parts = [tb.events.select(["partition", *EVENT_FIELDS])]
     states = [tb.state_rows] if tb.state_rows is not None else []
+    if not tb.python:
+        # every partition compiled: the engine's events are in publish order, with their partitions' keys
+        events = tb.events.select(["partition", *EVENT_FIELDS, "token", "partition_key", "idx"])
+        source = pa.concat_tables(states) if states else source_schema.empty_table()
+        return events, source, tb.changed
+    parts = [tb.events.select(["partition", *EVENT_FIELDS])]
     for i, r in sorted(tb.python.items()):
         if r.events:
             rows = [outbox_row(table, e, "", 0, 0) for e in r.events]

@@ -33,9 +33,11 @@ from .batch import partition_order, process_partition
 from .reconcile import STATE_SCHEMA, partition_from_records
 
 EVENT_COLUMNS = ("event_id", "op", "key_json", "event_json")
-# a table's events as the compiled engine gives them: the partition's index in publish order, then the outbox's
+# a table's events as the compiled engine gives them: the partition's index in publish order, the outbox's columns,
+# then the partition's token and key and the event's number among its events
 EVENTS_SCHEMA = pa.schema([("partition", pa.int32()), *((n, pa.string()) for n in EVENT_COLUMNS),
-                           ("ts_us", pa.int64())])
+                           ("ts_us", pa.int64()), ("token", pa.int64()), ("partition_key", pa.binary()),
+                           ("idx", pa.int64())])
 
 
 class NotCompiled(CdcError):
@@ -85,7 +87,8 @@ class TableBatch:
     """One table's batch from the compiled engine, with the partitions it left to the Python engine."""
     keys: pa.Array                  # the partition keys in publish order (binary)
     tokens: pa.Array                # their tokens (int64)
-    events: pa.Table                # partition (index into keys), event_id, op, key_json, event_json, ts_us
+    events: pa.Table                # partition (index into keys), event_id, op, key_json, event_json, ts_us, token,
+                                    # partition_key, idx (the event's number within its partition)
     state_rows: Optional[pa.Table]  # MERGE source rows of the changed partitions the compiled engine did
     changed: int                    # partitions written back (both engines)
     python: dict = field(default_factory=dict)   # index into keys -> PartitionResult of the Python engine
@@ -140,10 +143,12 @@ def process_table(table, cell_log, stored: pa.Table, now: int, *, state_schema: 
     events, states, doubted, changed = [], [], [], 0
     for run in out["runs"]:        # one per thread: Arrow chunks of the batch, joined without a copy
         n = len(run["event_partition"]) // 4
+        int64 = lambda name: pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(run[name])])  # noqa: E731
         events.append(pa.record_batch({
             "partition": pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(run["event_partition"])]),
             **{name: _array(run[name], pa.string()) for name in EVENT_COLUMNS},
-            "ts_us": pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(run["event_ts_us"])]),
+            "ts_us": int64("event_ts_us"), "token": int64("event_token"),
+            "partition_key": _array(run["event_partition_key"], pa.binary()), "idx": int64("event_idx"),
         }, schema=EVENTS_SCHEMA))
         states.append(pa.RecordBatch.from_arrays([_array(spec, f.type) for spec, f in zip(run["state"], state_schema)],
                                                  schema=state_schema))

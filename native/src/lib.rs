@@ -136,7 +136,7 @@ fn slice_of(b: &PyBuffer<u8>) -> &[u8] {
 
 /// What `cdc_lib` expects of this module: bumped whenever a class or function changes, so that a module built
 /// from older sources is not used by newer Python code (`cdc_lib.celllog.native`).
-const API: u32 = 6;
+const API: u32 = 7;
 
 const EV_END: u8 = 0;
 const EV_BATCH: u8 = 1;
@@ -554,7 +554,8 @@ fn process_table<'py>(py: Python<'py>, table_desc: &Bound<'py, PyAny>, cell_log:
     // the partitions in publish order, as Arrow buffers: (binary keys, their int64 tokens)
     d.set_item("keys", out_spec(py, out.keys)?)?;
     d.set_item("tokens", buf(py, BufData::I64(out.tokens))?)?;
-    // one entry per thread's run: {doubted, changed, event_partition, event_ts_us, event columns, state columns}
+    // one entry per thread's run: {doubted, changed, event_partition, event_ts_us, event_token, event_idx, event
+    // columns, state columns}
     let runs = PyList::empty(py);
     for run in out.runs {
         let r = PyDict::new(py);
@@ -563,8 +564,10 @@ fn process_table<'py>(py: Python<'py>, table_desc: &Bound<'py, PyAny>, cell_log:
         let ev = run.events;
         r.set_item("event_partition", buf(py, BufData::I32(ev.partition))?)?;
         r.set_item("event_ts_us", buf(py, BufData::I64(ev.ts_us))?)?;
+        r.set_item("event_token", buf(py, BufData::I64(ev.token))?)?;
+        r.set_item("event_idx", buf(py, BufData::I64(ev.idx))?)?;
         for (name, o) in [("event_id", ev.event_id), ("op", ev.op), ("key_json", ev.key_json),
-                          ("event_json", ev.event_json)] {
+                          ("event_json", ev.event_json), ("event_partition_key", ev.partition_key)] {
             r.set_item(name, out_spec(py, o)?)?;
         }
         let cols = PyList::empty(py);

@@ -10,7 +10,7 @@ use super::arrow_in::{prefetch_line, Col};
 use super::engine::{Cell, Complex, Kind, PartitionState, Rec};
 use super::events::{EventCtx, Emitter};
 use super::key::{self, Ck};
-use super::out::{Events, Out};
+use super::out::{Events, Out, Validity};
 use super::state_rows::StateRows;
 use super::partition::Work;
 use super::phases::{self, Clock, Phase};
@@ -522,31 +522,36 @@ fn process_partition<'a>(em: &Emitter, pk: &[u8], recs: &[Rec<'a>], w: &mut Work
     Ok(changed)
 }
 
-/// The partitions of the cell log's records in publish order (token, then key), and every record's place
-/// sorted so that a partition's records are one run of it, in cell-log order (replica copies are dropped per
-/// partition, by the thread that runs it: `partition_records`).
-fn partitions<'a>(log: &CellLog<'a>) -> (Vec<Part<'a>>, Vec<Rid>) {
-    let (pks, tokens) = log.key_columns();
-    let g = group_partitions(&pks, &tokens, 1);
-    (g.parts(&pks), g.sorted)
-}
-
-/// A batch's records grouped into partitions (`group_partitions`): places and tokens, no borrowed bytes.
+/// A batch's records grouped into partitions (`group_partitions`): places, tokens and the partitions' keys.
 struct Grouped {
     /// every record's place, sorted by token, then key bytes, then place: a partition's records are one run
     sorted: Vec<Rid>,
     /// each partition's token and the index in `sorted` of its first record (its records run to the next one's)
     starts: Vec<(i64, usize)>,
+    /// each partition's key, in publish order (`key_data[key_offsets[i]..key_offsets[i + 1]]`): copied while
+    /// grouping, so that what follows reads them in order, not scattered over the cell log
+    key_offsets: Vec<i32>,
+    key_data: Vec<u8>,
 }
 
 impl Grouped {
-    /// Each partition's key (read from `pks`, the record batches' `partition_key` columns), token and records.
-    fn parts<'a>(&self, pks: &[&'a Col]) -> Vec<Part<'a>> {
+    fn key(&self, i: usize) -> &[u8] {
+        &self.key_data[self.key_offsets[i] as usize..self.key_offsets[i + 1] as usize]
+    }
+
+    /// Each partition's key, token and records.
+    fn parts(&self) -> Vec<Part<'_>> {
         let ends = self.starts.iter().skip(1).map(|s| s.1).chain([self.sorted.len()]);
-        self.starts.iter().zip(ends).map(|(&(token, start), end)| {
-            let r = self.sorted[start];
-            Part { pk: pks[r.chunk as usize].bytes(r.row as usize), token, recs: start..end }
-        }).collect()
+        self.starts.iter().zip(ends).enumerate()
+            .map(|(i, (&(token, start), end))| Part { pk: self.key(i), token, recs: start..end })
+            .collect()
+    }
+
+    /// The partitions as Arrow buffers: (binary keys, their tokens).
+    fn keys_and_tokens(&self) -> (Out, Vec<i64>) {
+        let keys = Out::Var { offsets: self.key_offsets.clone(), data: self.key_data.clone(),
+                              valid: Validity::valid(self.starts.len()) };
+        (keys, self.starts.iter().map(|s| s.0).collect())
     }
 }
 
@@ -567,10 +572,10 @@ fn columns_places(pks: &[&Col], tokens: &[&Col]) -> Vec<[usize; 10]> {
 }
 
 impl Grouping {
-    /// The partitions and sorted places of `log`, if this grouping was made from its columns (else None).
-    fn of<'a, 'g>(&'g self, log: &CellLog<'a>) -> Option<(Vec<Part<'a>>, &'g [Rid])> {
+    /// How `log`'s records are grouped, if this grouping was made from its columns (else None).
+    fn of(&self, log: &CellLog) -> Option<&Grouped> {
         let (pks, tokens) = log.key_columns();
-        (columns_places(&pks, &tokens) == self.from).then(|| (self.grouped.parts(&pks), &self.grouped.sorted[..]))
+        (columns_places(&pks, &tokens) == self.from).then_some(&self.grouped)
     }
 }
 
@@ -613,7 +618,7 @@ fn group_partitions(pks: &[&Col], tokens: &[&Col], threads: usize) -> Grouped {
         spans.push((mine, &bounds[first..=b]));
         (rest, first) = (others, b);
     }
-    let starts: Vec<Vec<(i64, usize)>> = if spans.len() == 1 {
+    let done: Vec<SpanGroups> = if spans.len() == 1 {
         spans.into_iter().map(|(recs, bounds)| group_span(pks, recs, bounds)).collect()
     } else {
         std::thread::scope(|scope| {
@@ -623,12 +628,31 @@ fn group_partitions(pks: &[&Col], tokens: &[&Col], threads: usize) -> Grouped {
             handles.into_iter().map(|h| h.join().expect("grouping a batch's records panicked")).collect()
         })
     };
-    Grouped { sorted: sorted.into_iter().map(|x| Rid::unpack(x.1)).collect(), starts: starts.concat() }
+    // the spans' partitions and keys, one after the other
+    let parts: usize = done.iter().map(|d| d.starts.len()).sum();
+    let mut key_offsets = Vec::with_capacity(parts + 1);
+    key_offsets.push(0);
+    let mut key_data = Vec::with_capacity(done.iter().map(|d| d.key_data.len()).sum());
+    for d in &done {
+        let base = key_data.len() as i32;
+        key_offsets.extend(d.key_ends.iter().map(|e| base + *e as i32));
+        key_data.extend_from_slice(&d.key_data);
+    }
+    Grouped { sorted: sorted.into_iter().map(|x| Rid::unpack(x.1)).collect(),
+              starts: done.into_iter().flat_map(|d| d.starts).collect(), key_offsets, key_data }
+}
+
+/// What `group_span` makes of a run of buckets: its partitions' (token, first record) and their keys (each key
+/// ending at its `key_ends` in `key_data`).
+struct SpanGroups {
+    starts: Vec<(i64, usize)>,
+    key_ends: Vec<u32>,
+    key_data: Vec<u8>,
 }
 
 /// `group_partitions`' work on one run of buckets: `recs`, the records of the buckets `bounds` delimits (indexes
-/// of the whole batch's records); returns its partitions' (token, first record) by those indexes.
-fn group_span(pks: &[&Col], recs: &mut [(i64, u64)], bounds: &[usize]) -> Vec<(i64, usize)> {
+/// of the whole batch's records); its partitions by those indexes, and their keys.
+fn group_span(pks: &[&Col], recs: &mut [(i64, u64)], bounds: &[usize]) -> SpanGroups {
     let base = bounds[0];
     for w in bounds.windows(2) {
         recs[w[0] - base..w[1] - base].sort_unstable();
@@ -641,7 +665,8 @@ fn group_span(pks: &[&Col], recs: &mut [(i64, u64)], bounds: &[usize]) -> Vec<(i
         let (col, row) = at(x);
         col.bytes(row)
     };
-    let mut starts = Vec::with_capacity(recs.len());
+    let mut out = SpanGroups { starts: Vec::with_capacity(recs.len()), key_ends: Vec::with_capacity(recs.len()),
+                               key_data: Vec::with_capacity(recs.len() * 8) };
     let mut i = 0;
     while i < recs.len() {
         // the keys' bytes are read in token order, scattered over the record batches: asked for ahead
@@ -656,19 +681,21 @@ fn group_span(pks: &[&Col], recs: &mut [(i64, u64)], bounds: &[usize]) -> Vec<(i
         let token = recs[i].0;
         let end = i + recs[i..].iter().take_while(|x| x.0 == token).count();
         let first = pk(&recs[i]);
-        if recs[i + 1..end].iter().any(|x| pk(x) != first) {
+        if recs[i + 1..end].iter().any(|x| !key::eq(pk(x), first)) {
             // keys sharing a token: by key, each in cell-log order (a stable sort)
             recs[i..end].sort_by(|a, b| pk(a).cmp(pk(b)));
         }
         let mut j = i;
         while j < end {
             let key = pk(&recs[j]);
-            starts.push((token, base + j));
-            j += 1 + recs[j + 1..end].iter().take_while(|x| pk(x) == key).count();
+            out.starts.push((token, base + j));
+            crate::columns::append(&mut out.key_data, key);
+            out.key_ends.push(out.key_data.len() as u32);
+            j += 1 + recs[j + 1..end].iter().take_while(|x| key::eq(pk(x), key)).count();
         }
         i = end;
     }
-    starts
+    out
 }
 
 /// The partitions `order` as Arrow buffers: (binary keys, their tokens). The keys' bytes are scattered over the
@@ -704,7 +731,7 @@ pub fn partition_keys(pks: &[Col], tokens: &[Col], threads: usize) -> Result<(Ou
     }
     let (pks, tokens): (Vec<&Col>, Vec<&Col>) = (pks.iter().collect(), tokens.iter().collect());
     let grouped = group_partitions(&pks, &tokens, threads);
-    let (keys, toks) = keys_and_tokens(&grouped.parts(&pks));
+    let (keys, toks) = grouped.keys_and_tokens();
     Ok((keys, toks, Grouping { from: columns_places(&pks, &tokens), grouped }))
 }
 
@@ -717,20 +744,23 @@ pub fn process_table(t: &mut Table, cell_log: &[Col], stored: &[Col], expiring: 
     log.intern(t);
     let log = log;
     let mut stored = Stored::new(t, stored)?;
-    // while the stored records are indexed by partition: the records as `partition_keys` grouped them, or else
-    // sorted into partitions
-    let ((mut order, sorted, grouped), (by_key, next)) = std::thread::scope(|scope| {
+    // the records as `partition_keys` grouped them, or else grouped here while the stored records are indexed by
+    // partition
+    let given = grouping.and_then(|g| g.of(&log));
+    let (own, (by_key, next)) = std::thread::scope(|scope| {
         let index = scope.spawn(|| stored.index());
-        let parts = match grouping.and_then(|g| g.of(&log)) {
-            Some((order, sorted)) => (order, std::borrow::Cow::Borrowed(sorted), true),
+        let own = match given {
+            Some(_) => None,
             None => {
-                let (order, sorted) = partitions(&log);
-                (order, std::borrow::Cow::Owned(sorted), false)
+                let (pks, tokens) = log.key_columns();
+                Some(group_partitions(&pks, &tokens, 1))
             }
         };
-        (parts, index.join().expect("the stored records' index panicked"))
+        (own, index.join().expect("the stored records' index panicked"))
     });
     (stored.by_key, stored.next) = (by_key, next);
+    let grouped_by = given.or(own.as_ref()).expect("given or grouped here");
+    let (mut order, sorted) = (grouped_by.parts(), &grouped_by.sorted[..]);
     let by_order = |a: &Part, b: &Part| (a.token, a.pk).cmp(&(b.token, b.pk));
     let mut swept = false;
     for pk in expiring {
@@ -740,12 +770,14 @@ pub fn process_table(t: &mut Table, cell_log: &[Col], stored: &[Col], expiring: 
             swept = true;
         }
     }
-    if swept {
+    // the partitions in publish order, as Arrow buffers
+    let (keys, tokens) = if swept {
         order.sort_by(by_order);
         order.dedup_by(|a, b| a.pk == b.pk && a.token == b.token);
-    }
-    // the partitions in publish order, as Arrow buffers
-    let (keys, tokens) = keys_and_tokens(&order);
+        keys_and_tokens(&order)
+    } else {
+        grouped_by.keys_and_tokens()
+    };
     let t: &Table = t;
     let ctx = EventCtx { cluster: s.cluster, node: "", ts_ms: s.now * 1000 };
     let em = Emitter::new(t, &ctx);
@@ -757,8 +789,7 @@ pub fn process_table(t: &mut Table, cell_log: &[Col], stored: &[Col], expiring: 
     let mut runs: Vec<(usize, Result<Run, String>)> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads.min(spans.len()))
             .map(|_| {
-                let (em, stored, sorted, log, order, spans, next) =
-                    (&em, &stored, &sorted, &log, &order, &spans, &next);
+                let (em, stored, log, order, spans, next) = (&em, &stored, &log, &order, &spans, &next);
                 scope.spawn(move || {
                     let mut mine = Vec::new();
                     loop {
@@ -780,7 +811,7 @@ pub fn process_table(t: &mut Table, cell_log: &[Col], stored: &[Col], expiring: 
     if runs.iter_mut().any(|r| r.overflowed()) {
         return Err("a batch too large for 32-bit Arrow offsets".into());
     }
-    Ok(Output { keys, tokens, runs, grouped })
+    Ok(Output { keys, tokens, runs, grouped: given.is_some() })
 }
 
 /// The fewest records worth a run of their own: below it, handing a run to another thread costs more than it saves.
@@ -828,7 +859,7 @@ pub struct Run {
 impl Run {
     fn overflowed(&mut self) -> bool {
         self.state.overflowed()
-            || [&self.events.event_json, &self.events.key_json].iter().any(|o| o.overflowed())
+            || [&self.events.event_json, &self.events.key_json, &self.events.partition_key].iter().any(|o| o.overflowed())
     }
 }
 
@@ -917,7 +948,7 @@ fn process_run<'a>(em: &Emitter, stored: &Stored<'a>, log: &CellLog<'a>, sorted:
         clock.lap(Phase::PartitionStored);
         let mark = out.state.n;
         let events_mark = out.events.len();
-        out.events.current = idx as i32;
+        out.events.start_partition(idx as i32, token);
         let done = process_partition(em, pk, &recs, &mut work, s, &mut out.events, &mut clock).and_then(|changed| {
             if changed {
                 work.final_images(em, s.now)?;

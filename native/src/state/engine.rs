@@ -24,13 +24,20 @@ pub type Lv = (i64, i32, i64);
 /// from state to state and into images many times per change; a borrowed one is copied as a pointer.
 pub type Bytes<'a> = Cow<'a, [u8]>;
 
-#[derive(Clone, PartialEq, Debug)]
+#[derive(Clone, Debug)]
 pub struct Cell<'a> {
     pub ts: i64,
     pub ttl: i32,
     pub ldt: i64,
     pub tomb: bool,
     pub value: Bytes<'a>,
+}
+
+impl PartialEq for Cell<'_> {
+    #[inline]
+    fn eq(&self, o: &Self) -> bool {
+        self.ts == o.ts && self.ttl == o.ttl && self.ldt == o.ldt && self.tomb == o.tomb && key::eq(&self.value, &o.value)
+    }
 }
 
 #[derive(Clone, PartialEq, Debug, Default)]

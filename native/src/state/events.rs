@@ -13,7 +13,7 @@ use super::images::{in_path_order, ImageSet, Img, Item, RowKey, IV};
 use super::out::Events;
 use super::phases::{Clock, Phase};
 use super::table::{ColId, Role, Table};
-use super::text::{json_str, push_hex, push_i128, push_i64, repr_bytes};
+use super::text::{json_str, push_i128, push_i64, push_text, repr_bytes};
 use super::types::{self, Doubt, Ty, D};
 
 /// What the caller gives every event: who and when.
@@ -57,6 +57,11 @@ pub struct Emitter<'a> {
     /// what every event's JSON envelope holds between its `after` row and its segment: the source's constant
     /// fields (`,"source":{"connector":...,"table":...,"segment":`)
     source_prefix: String,
+    /// what it holds between its write time and its id, by `expired` and op (c, u, d):
+    /// `,"expired":...,"snapshot":false},"op":"u","ts_ms":...,"id":"`
+    id_prefix: [[String; 3]; 2],
+    /// `{"` then the JSON key of each non-key column of the rows (after the key columns), with its role
+    row_cols: Vec<(ColId, String, bool)>,
 }
 
 impl<'a> Emitter<'a> {
@@ -67,7 +72,17 @@ impl<'a> Emitter<'a> {
         json_str(&mut source_prefix, ctx.node);
         source_prefix.push_str(&t.source_names_json);
         source_prefix.push_str(",\"segment\":");
-        Emitter { t, ctx, source_prefix }
+        let id_prefix = [false, true].map(|expired| [b'c', b'u', b'd'].map(|op| {
+            let mut s = format!(",\"expired\":{expired},\"snapshot\":false}},\"op\":\"{}\",\"ts_ms\":", op as char);
+            push_i64(&mut s, ctx.ts_ms);
+            s.push_str(",\"id\":\"");
+            s
+        }));
+        let row_cols = t.value_cols[t.pk.len() + t.ck.len()..].iter().map(|col| {
+            let c = t.c(*col);
+            (*col, format!(",{}", c.json_key), c.role == Role::Static)
+        }).collect();
+        Emitter { t, ctx, source_prefix, id_prefix, row_cols }
     }
 
     /// `_Emitter.diff`: one event per row whose images differ, rows in clustering order. `keys`: room for the
@@ -116,10 +131,12 @@ impl<'a> Emitter<'a> {
         let mut clock = Clock::start();
         event_id_text(t, pk, key, op, ts_us, expired, part, a, &mut out.scratch)?;
         clock.lap(Phase::EventsIdText);
-        let digest = event_id_of(&out.scratch);
+        let hex = hex_id(&event_id_of(&out.scratch));
         clock.lap(Phase::EventsIdHash);
+        // SAFETY: hex digits
+        let hex = unsafe { std::str::from_utf8_unchecked(&hex) };
         out.event_id.push_str_with(|id| {
-            push_hex(id, &digest);
+            push_text(id, hex);
             Ok(())
         })?;
         // the key columns' JSON once: the key JSON's, and the first columns of both rows
@@ -129,33 +146,52 @@ impl<'a> Emitter<'a> {
         let key_text = &out.key_text;
         let segments = &mut out.segments;
         out.event_json.push_str_with(|ej| {
-            self.event_json(ej, key_text, b, a, ts_us, source, expired, op, &digest, segments)
+            self.event_json(ej, key_text, b, a, ts_us, source, expired, op, hex, segments)
         })?;
         clock.lap(Phase::EventsJson);
         out.key_json.push_str_with(|kj| {
             kj.push('{');
-            kj.push_str(key_text);
+            push_text(kj, key_text);
             kj.push('}');
             Ok(())
         })?;
         clock.lap(Phase::EventsKey);
-        out.op.bytes(&[op]);
-        out.ts_us.push(ts_us);
-        out.partition.push(out.current);
+        out.push_partition_columns(pk, op, ts_us);
+        Ok(())
+    }
+
+    /// `json.dumps(to_json_row(table, typed_row(...)))` or null; `key_text`: the key columns'
+    /// (`key_columns_json`).
+    fn row_json(&self, out: &mut String, key_text: &str, imgs: Option<Img>) -> D<()> {
+        let Some(img) = imgs else {
+            out.push_str("null");
+            return Ok(());
+        };
+        out.push('{');
+        push_text(out, key_text);
+        // the other columns follow the key's in `value_cols`
+        for (col, json_key, in_static) in &self.row_cols {
+            push_text(out, json_key);
+            match img.get(*in_static, *col) {
+                None => out.push_str("null"),
+                Some(v) => ival_json(out, self.t.c(*col).ty.as_ref().ok_or(Doubt)?, v, img.items)?,
+            }
+        }
+        out.push('}');
         Ok(())
     }
 
     /// The event's JSON envelope (`outbox_row`'s `event_json`).
     #[allow(clippy::too_many_arguments)]
     fn event_json(&self, ej: &mut String, key_text: &str, b: Option<Img>, a: Option<Img>, ts_us: i64,
-                  source: Option<(&[u8], i64)>, expired: bool, op: u8, digest: &[u8], segments: &mut SegmentJson)
+                  source: Option<(&[u8], i64)>, expired: bool, op: u8, hex: &str, segments: &mut SegmentJson)
                   -> D<()> {
         let t = self.t;
         ej.push_str("{\"before\":");
-        row_json(ej, t, key_text, b)?;
+        self.row_json(ej, key_text, b)?;
         ej.push_str(",\"after\":");
-        row_json(ej, t, key_text, a)?;
-        ej.push_str(&self.source_prefix);
+        self.row_json(ej, key_text, a)?;
+        push_text(ej, &self.source_prefix);
         match source {
             Some((seg, _)) => segment_json(ej, seg, segments)?,
             None => ej.push_str("null"),
@@ -167,13 +203,13 @@ impl<'a> Emitter<'a> {
         }
         ej.push_str(",\"ts_us\":");
         push_i64(ej, ts_us);
-        ej.push_str(if expired { ",\"expired\":true" } else { ",\"expired\":false" });
-        ej.push_str(",\"snapshot\":false},\"op\":\"");
-        ej.push(op as char);
-        ej.push_str("\",\"ts_ms\":");
-        push_i64(ej, self.ctx.ts_ms);
-        ej.push_str(",\"id\":\"");
-        push_hex(ej, digest);
+        let op_index = match op {
+            b'c' => 0,
+            b'u' => 1,
+            _ => 2,
+        };
+        push_text(ej, &self.id_prefix[expired as usize][op_index]);
+        push_text(ej, hex);
         ej.push_str("\",\"changed\":[");
         let mut first = true;
         for &(col, kind) in &t.change_plan {
@@ -195,7 +231,7 @@ impl<'a> Emitter<'a> {
                     ej.push(',');
                 }
                 first = false;
-                ej.push_str(t.json_name(col));
+                push_text(ej, t.json_name(col));
             }
         }
         ej.push_str("]}");
@@ -219,7 +255,7 @@ fn segment_json(out: &mut String, seg: &[u8], last: &mut SegmentJson) -> D<()> {
         last.name.clear();
         last.name.extend_from_slice(seg);
     }
-    out.push_str(&last.json);
+    push_text(out, &last.json);
     Ok(())
 }
 
@@ -260,7 +296,7 @@ fn key_columns_json(out: &mut String, t: &Table, pk: &[u8], key: RowKey) -> D<()
             out.push(',');
         }
         let c = t.c(*col);
-        out.push_str(&c.json_key);
+        push_text(out, &c.json_key);
         // a key with fewer components than key columns: Python's event() fails on the missing one
         types::json_value(out, c.ty.as_ref().ok_or(Doubt)?, parts.next().ok_or(Doubt)?)?;
     }
@@ -274,7 +310,7 @@ fn key_columns_json(out: &mut String, t: &Table, pk: &[u8], key: RowKey) -> D<()
     for (i, col) in t.ck.iter().enumerate() {
         out.push(',');
         let c = t.c(*col);
-        out.push_str(&c.json_key);
+        push_text(out, &c.json_key);
         types::json_opt(out, c.ty.as_ref().ok_or(Doubt)?, vals.get(i).copied().flatten())?;
     }
     Ok(())
@@ -324,26 +360,15 @@ fn complex_json(out: &mut String, ty: &Ty, items: &[Item]) -> D<()> {
     }
 }
 
-/// `json.dumps(to_json_row(table, typed_row(...)))` or null; `key_text`: the key columns' (`key_columns_json`).
-fn row_json(out: &mut String, t: &Table, key_text: &str, imgs: Option<Img>) -> D<()> {
-    let Some(img) = imgs else {
-        out.push_str("null");
-        return Ok(());
-    };
-    out.push('{');
-    out.push_str(key_text);
-    // the other columns follow the key's in `value_cols`
-    for col in &t.value_cols[t.pk.len() + t.ck.len()..] {
-        let c = t.c(*col);
-        out.push(',');
-        out.push_str(&c.json_key);
-        match img.get(c.role == Role::Static, *col) {
-            None => out.push_str("null"),
-            Some(v) => ival_json(out, c.ty.as_ref().ok_or(Doubt)?, v, img.items)?,
-        }
+/// The 32 hex digits of an event id.
+fn hex_id(digest: &[u8; 16]) -> [u8; 32] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [0u8; 32];
+    for (i, x) in digest.iter().enumerate() {
+        out[2 * i] = HEX[(x >> 4) as usize];
+        out[2 * i + 1] = HEX[(x & 15) as usize];
     }
-    out.push('}');
-    Ok(())
+    out
 }
 
 // ---- event ids: sha256 of Python reprs ------------------------------------------------------------------------
@@ -430,7 +455,7 @@ impl ReprTuple {
 }
 
 fn repr_name(out: &mut String, t: &Table, col: ColId) -> D<()> {
-    out.push_str(t.c(col).repr.as_deref().ok_or(Doubt)?);
+    push_text(out, t.c(col).repr.as_deref().ok_or(Doubt)?);
     Ok(())
 }
 

@@ -31,6 +31,11 @@ impl Validity {
         self.len == 0
     }
 
+    /// `len` valid entries.
+    pub fn valid(len: usize) -> Validity {
+        Validity { len, nulls: 0, bits: None }
+    }
+
     #[inline(always)]
     pub fn push(&mut self, valid: bool) {
         let uniform = self.bits.is_none() && if valid { self.nulls == 0 } else { self.nulls == self.len };
@@ -165,7 +170,7 @@ impl Out {
 
     pub fn bytes(&mut self, b: &[u8]) {
         if let Out::Var { offsets, data, valid } = self {
-            data.extend_from_slice(b);
+            crate::columns::append(data, b);
             offsets.push(data.len() as i32);
             valid.push(true);
         } else {
@@ -397,14 +402,19 @@ pub fn filled<T: Copy + Default>(mut v: Vec<T>, len: usize) -> Vec<T> {
 /// The events of the partitions a thread processed, in publish order (`partition` indexes the batch's keys),
 /// written straight into their Arrow columns.
 pub struct Events {
+    /// each event's partition: its index among the batch's partitions (publish order), its token and key, and the
+    /// event's number among the partition's events
     pub partition: Vec<i32>,
+    pub token: Vec<i64>,
+    pub partition_key: Out,
+    pub idx: Vec<i64>,
     pub event_id: Out,
     pub op: Out,
     pub key_json: Out,
     pub event_json: Out,
     pub ts_us: Vec<i64>,
-    /// the partition the events being written belong to
-    pub current: i32,
+    /// the partition the events being written belong to: its index, its token, where its events start
+    current: (i32, i64, usize),
     /// the Python reprs an event id hashes, written here first (one buffer for all the events)
     pub scratch: String,
     /// an event's key columns as JSON (`events::key_columns_json`), written once for its key and both rows
@@ -416,22 +426,42 @@ pub struct Events {
 impl Events {
     /// Room for about `n` events (one per change is the common case).
     pub fn with_capacity(n: usize) -> Events {
-        Events { partition: Vec::with_capacity(n), event_id: Out::var_with_capacity(n, 32 * n),
-                 op: Out::var_with_capacity(n, n), key_json: Out::var_with_capacity(n, 64 * n),
-                 event_json: Out::var_with_capacity(n, 1024 * n), ts_us: Vec::with_capacity(n), current: 0,
-                 scratch: String::with_capacity(1024), key_text: String::with_capacity(64),
-                 segments: SegmentJson::default() }
+        Events { partition: Vec::with_capacity(n), token: Vec::with_capacity(n),
+                 partition_key: Out::var_with_capacity(n, 16 * n), idx: Vec::with_capacity(n),
+                 event_id: Out::var_with_capacity(n, 32 * n), op: Out::var_with_capacity(n, n),
+                 key_json: Out::var_with_capacity(n, 64 * n), event_json: Out::var_with_capacity(n, 1024 * n),
+                 ts_us: Vec::with_capacity(n), current: (0, 0, 0), scratch: String::with_capacity(1024),
+                 key_text: String::with_capacity(64), segments: SegmentJson::default() }
     }
 
     pub fn len(&self) -> usize {
         self.partition.len()
     }
 
+    /// The events written next are partition `index`'s (of token `token`).
+    pub fn start_partition(&mut self, index: i32, token: i64) {
+        self.current = (index, token, self.len());
+    }
+
+    /// An event's partition columns, its op and its write time (its text columns are written by the caller).
+    pub fn push_partition_columns(&mut self, pk: &[u8], op: u8, ts_us: i64) {
+        let (index, token, first) = self.current;
+        self.idx.push((self.len() - first) as i64);
+        self.partition.push(index);
+        self.token.push(token);
+        self.partition_key.bytes(pk);
+        self.op.bytes(&[op]);
+        self.ts_us.push(ts_us);
+    }
+
     /// Drop the events after the first `n` (what a doubted partition wrote).
     pub fn truncate(&mut self, n: usize) {
         self.partition.truncate(n);
+        self.token.truncate(n);
+        self.idx.truncate(n);
         self.ts_us.truncate(n);
-        for o in [&mut self.event_id, &mut self.op, &mut self.key_json, &mut self.event_json] {
+        for o in [&mut self.partition_key, &mut self.event_id, &mut self.op, &mut self.key_json,
+                  &mut self.event_json] {
             o.truncate(n);
         }
     }
@@ -532,7 +562,7 @@ pub fn arrow_value(o: &mut Out, t: &Ty, b: Option<&[u8]>) -> D<()> {
             if b.len() != *size as usize {
                 return Err(Doubt);
             }
-            let x = text::bigint_i128(b).unwrap();
+            let x = types::be_int(b);
             match o {
                 Out::I8 { v, valid } => fixed(v, valid, x as i8),
                 Out::I16 { v, valid } => fixed(v, valid, x as i16),

@@ -34,7 +34,7 @@ impl Default for VarCol {
 impl VarCol {
     #[inline]
     pub fn push(&mut self, b: &[u8]) {
-        self.data.extend_from_slice(b);
+        crate::columns::append(&mut self.data, b);
         self.offsets.push(self.data.len() as i32);
         self.valid.push(true);
     }

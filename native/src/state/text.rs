@@ -3,6 +3,14 @@
 
 use std::fmt::Write;
 
+/// Append `s`: a short string copied in place (`columns::append`) instead of by a `memcpy` call, as most of
+/// what the outputs hold is: names, keys, values, numbers.
+#[inline(always)]
+pub fn push_text(out: &mut String, s: &str) {
+    // SAFETY: a str's bytes are UTF-8
+    crate::columns::append(unsafe { out.as_mut_vec() }, s.as_bytes());
+}
+
 /// A JSON string as `json.dumps(s, ensure_ascii=False)` writes it.
 pub fn json_str(out: &mut String, s: &str) {
     if !json_plain(s.as_bytes(), out) {
@@ -29,7 +37,7 @@ fn json_plain(b: &[u8], out: &mut String) -> bool {
     let v = unsafe { out.as_mut_vec() };
     v.reserve(b.len() + 2);
     v.push(b'"');
-    v.extend_from_slice(b);
+    crate::columns::append(v, b);
     v.push(b'"');
     true
 }
