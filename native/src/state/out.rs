@@ -567,7 +567,7 @@ pub fn arrow_value(o: &mut Out, t: &Ty, b: Option<&[u8]>) -> D<()> {
                 Out::I8 { v, valid } => fixed(v, valid, x as i8),
                 Out::I16 { v, valid } => fixed(v, valid, x as i16),
                 Out::I32 { v, valid } => fixed(v, valid, x as i32),
-                _ => o.i64(x as i64),
+                _ => o.i64(x),
             }
         }
         Ty::Counter => {
