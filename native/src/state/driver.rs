@@ -159,10 +159,10 @@ impl<'a> LogChunk<'a> {
         })
     }
 
-    /// The columns processing a record reads (what to prefetch): not the token (the partition's), nor the column
-    /// name (its id is read from `col_ids`).
-    fn columns(&self) -> [&'a Col; 18] {
-        [self.segment, self.segment_id, self.position, self.entry_index, self.seq, self.pk, self.clustering,
+    /// The columns processing a record reads (what to prefetch): not the partition key and token (the
+    /// partition's, read from the grouping), nor the column name (its id is read from `col_ids`).
+    fn columns(&self) -> [&'a Col; 17] {
+        [self.segment, self.segment_id, self.position, self.entry_index, self.seq, self.clustering,
          self.clustering_end, self.start_incl, self.end_incl, self.is_static, self.kind, self.path, self.value,
          self.ts, self.ttl, self.ldt, self.mid]
     }
@@ -288,6 +288,10 @@ struct StoredChunk<'a> {
     cdel: [&'a Col; 3],
     /// a range tombstone's start, start_inclusive, end, end_inclusive, ts, ldt
     rt: [&'a Col; 6],
+    /// each cell's and each complex deletion's column id (`Stored::new`), read in order with the other fields
+    /// instead of each name read and hashed again
+    cell_col_ids: Vec<ColId>,
+    cdel_col_ids: Vec<ColId>,
 }
 
 impl<'a> StoredChunk<'a> {
@@ -306,6 +310,7 @@ impl<'a> StoredChunk<'a> {
             cdel: [f(de, "column", "u")?, f(de, "ts", "l")?, f(de, "ldt", "l")?],
             rt: [f(re, "start", "z")?, f(re, "start_inclusive", "b")?, f(re, "end", "z")?,
                  f(re, "end_inclusive", "b")?, f(re, "ts", "l")?, f(re, "ldt", "l")?],
+            cell_col_ids: Vec::new(), cdel_col_ids: Vec::new(),
         })
     }
 
@@ -332,7 +337,7 @@ struct Stored<'a> {
 impl<'a> Stored<'a> {
     /// The stored records, every column name they hold made known to `t` (not yet indexed: `index`).
     fn new(t: &mut Table, chunks: &'a [Col]) -> Result<Stored<'a>, String> {
-        let chunks = chunks.iter().map(StoredChunk::new).collect::<Result<Vec<_>, _>>()?;
+        let mut chunks = chunks.iter().map(StoredChunk::new).collect::<Result<Vec<_>, _>>()?;
         let longest = chunks.iter().map(|c| c.pk.len).max().unwrap_or(0);
         let row_bits = usize::BITS - longest.leading_zeros();
         // u32::MAX marks a free slot or the end of a chain: the last chunk's ids stay below it
@@ -341,13 +346,10 @@ impl<'a> Stored<'a> {
             return Err(format!("{n} stored record batches of up to {longest} records: too many to number"));
         }
         let mut starts = vec![0u32];
-        for c in &chunks {
+        for c in &mut chunks {
             starts.push(starts.last().unwrap() + c.pk.len as u32);
-            for col in [c.cell[0], c.cdel[0]] {
-                for j in 0..col.len {
-                    t.col(col.bytes(j));
-                }
-            }
+            c.cell_col_ids = (0..c.cell[0].len).map(|j| t.col(c.cell[0].bytes(j))).collect();
+            c.cdel_col_ids = (0..c.cdel[0].len).map(|j| t.col(c.cdel[0].bytes(j))).collect();
         }
         Ok(Stored { chunks, row_bits, starts, by_key: ByKey::with_capacity(0), next: Vec::new() })
     }
@@ -422,7 +424,8 @@ impl<'a> Stored<'a> {
         }
     }
 
-    /// Start loading the bytes and cells of the first stored record of `pk` (its offsets loaded by `prefetch`).
+    /// Start loading the bytes and cells of the first stored record of `pk` (its offsets loaded by `prefetch`),
+    /// and the next of its records.
     fn prefetch_cells(&self, pk: &[u8]) {
         if let Some(first) = self.by_key.guess(key_hash(pk)) {
             let (c, i) = self.at(first);
@@ -434,19 +437,40 @@ impl<'a> Stored<'a> {
                 for col in c.cell {
                     col.prefetch(j);
                 }
+                if let Some(id) = c.cell_col_ids.get(j) {
+                    prefetch_line(id as *const ColId as *const u8);
+                }
+            }
+            if let Some(next) = self.next.get(self.place(first)) {
+                prefetch_line(next as *const u32 as *const u8);
+            }
+        }
+    }
+
+    /// Start loading the values and paths of the first stored record of `pk`'s cells (their offsets loaded by
+    /// `prefetch_cells`).
+    fn prefetch_cell_data(&self, pk: &[u8]) {
+        if let Some(first) = self.by_key.guess(key_hash(pk)) {
+            let (c, i) = self.at(first);
+            if c.cells.valid(i) {
+                let cells = c.cells.list_range(i);
+                let [_, path, value, ..] = c.cell;
+                for j in cells.start..cells.end.min(cells.start + 4) {
+                    value.prefetch_data(j);
+                    path.prefetch_data(j);
+                }
             }
         }
     }
 
     /// The stored state of partition `pk`, decoded into `part` (cleared first); false when it has none.
-    fn partition(&self, t: &Table, pk: &[u8], part: &mut PartitionState<'a>) -> Result<bool, String> {
+    fn partition(&self, pk: &[u8], part: &mut PartitionState<'a>) -> Result<bool, String> {
         part.clear();
         let Some(first) = self.first(pk) else { return Ok(false) };
         let rows = std::iter::successors(Some(first), |&r| Some(self.next[self.place(r)]).filter(|&j| j != u32::MAX));
-        let id = |name: &[u8]| t.lookup(name).ok_or("a column name missed by the index");
         for r in rows {
             let (c, i) = self.at(r);
-            let [c_col, c_path, c_value, c_ts, c_ttl, c_ldt, c_tomb] = c.cell;
+            let [_, c_path, c_value, c_ts, c_ttl, c_ldt, c_tomb] = c.cell;
             let k = c.kind.bytes(i);
             if k == b"partition" {
                 if let Some(ts) = c.dts.opt_i64(i) {
@@ -478,13 +502,13 @@ impl<'a> Stored<'a> {
             };
             row.reset();
             (row.liveness, row.deletion, row.shadowable) = (liveness, deletion, shadowable);
-            let [d_col, d_ts, d_ldt] = c.cdel;
+            let [_, d_ts, d_ldt] = c.cdel;
             for j in if c.cdels.valid(i) { c.cdels.list_range(i) } else { 0..0 } {
-                let (e, _) = row.complex_mut(id(d_col.bytes(j))?);
+                let (e, _) = row.complex_mut(c.cdel_col_ids[j]);
                 *e = Complex { del: Some((d_ts.i64(j), d_ldt.i64(j))), cells: BTreeMap::new() };
             }
             for j in if c.cells.valid(i) { c.cells.list_range(i) } else { 0..0 } {
-                let col = id(c_col.bytes(j))?;
+                let col = c.cell_col_ids[j];
                 let cell = Cell { ts: c_ts.i64(j), ttl: c_ttl.i32(j), ldt: c_ldt.i64(j), tomb: c_tomb.bool(j),
                                   value: Cow::Borrowed(c_value.bytes(j)) };
                 match c_path.opt_bytes(j) {
@@ -918,19 +942,20 @@ fn process_run<'a>(em: &Emitter, stored: &Stored<'a>, log: &CellLog<'a>, sorted:
     // the state columns are sized once from what the first partitions wrote (a sample large enough to be typical)
     let sample = (order.len() / 32).max(1024);
     // what partition i reads is asked for ahead, in steps that each need the one before done: the records'
-    // offsets, then the bytes they point to (the key's among them), then the key's slot among the stored
-    // partitions, then the stored record it names, then that record's bytes and cells
+    // offsets, then the bytes they point to, then the key's slot among the stored partitions, then the stored
+    // record it names, then that record's bytes and its cells' offsets, then the cells' values
     let ahead = |i: usize, step: fn(&CellLog, &Stored, &Part, &[Rid])| {
         if let Some(p) = order.get(i) {
             step(log, stored, p, &sorted[p.recs.clone()]);
         }
     };
     for (i, part) in order.iter().enumerate() {
-        ahead(i + 5, |log, _, _, recs| recs.iter().for_each(|&r| log.prefetch(r)));
-        ahead(i + 4, |log, _, _, recs| recs.iter().for_each(|&r| log.prefetch_data(r)));
-        ahead(i + 3, |_, stored, p, _| stored.prefetch_slot(p.pk));
-        ahead(i + 2, |_, stored, p, _| stored.prefetch(p.pk));
-        ahead(i + 1, |_, stored, p, _| stored.prefetch_cells(p.pk));
+        ahead(i + 6, |log, _, _, recs| recs.iter().for_each(|&r| log.prefetch(r)));
+        ahead(i + 5, |log, _, _, recs| recs.iter().for_each(|&r| log.prefetch_data(r)));
+        ahead(i + 4, |_, stored, p, _| stored.prefetch_slot(p.pk));
+        ahead(i + 3, |_, stored, p, _| stored.prefetch(p.pk));
+        ahead(i + 2, |_, stored, p, _| stored.prefetch_cells(p.pk));
+        ahead(i + 1, |_, stored, p, _| stored.prefetch_cell_data(p.pk));
         if i == sample {
             let factor = (order.len() - i) as f64 / i as f64 * 1.1;
             out.state.reserve_scaled(factor);
@@ -944,7 +969,7 @@ fn process_run<'a>(em: &Emitter, stored: &Stored<'a>, log: &CellLog<'a>, sorted:
             continue;
         }
         clock.lap(Phase::PartitionRecords);
-        work.has_prior = stored.partition(t, pk, &mut work.prior)?;
+        work.has_prior = stored.partition(pk, &mut work.prior)?;
         clock.lap(Phase::PartitionStored);
         let mark = out.state.n;
         let events_mark = out.events.len();
