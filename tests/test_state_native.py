@@ -227,24 +227,38 @@ def test_the_comparison_sees_events_and_rows_from_the_compiled_engine():
 
 
 def test_a_doubted_partition_is_done_by_the_python_engine_in_its_place():
-    """A column name the compiled engine cannot hash as Python does (non-ASCII) makes it hand every partition
-    back; the outputs are still the Python engine's, in publish order."""
-    rng, table, batches = _batches(3, False)
-    cols = dict(table.columns)
-    cols["é"] = ColumnMetadata("é", parse_type("int"), REGULAR)
-    odd = TableMetadata(table.keyspace, table.name, table.id, table.partition_key, table.clustering, cols,
-                        flags=table.flags)
-    records = [r for j, m in enumerate(batches[0]) for r in mutation_records(m, j)]
-    tb = native.process_table(odd, pa.Table.from_pylist(records, schema=CELL_LOG_SCHEMA),
-                              pa.Table.from_pylist([], schema=STATE_SCHEMA), 100,
-                              state_schema=merge_source_schema(odd))
-    assert len(tb.keys) and sorted(tb.python) == list(range(len(tb.keys)))
-    assert tb.events.num_rows == 0 and tb.state_rows.num_rows == 0
-    events, _, _ = table_outputs(odd, pa.Table.from_pylist(records, schema=CELL_LOG_SCHEMA),
-                                 _stored_rows(odd, {}, ()), 100)
+    """A value the compiled engine does not render as Python does (a map whose keys decode equal, 0.0 and -0.0,
+    which a Python dict merges into one) makes it hand that partition back; the outputs are still the Python
+    engine's, the doubted partition in its place in publish order."""
+    from cdc_lib.cql.schema_from_ddl import load_cql_schema
+    from cdc_lib.cql.tokens import token
+    table = load_cql_schema("CREATE TABLE ks.doubt (k int PRIMARY KEY, m frozen<map<double, int>>, n int) "
+                            "WITH ID = 6d0c1e2a-93f4-4c1b-8f7a-2b5e9d3c4a10;").by_name("ks", "doubt")
+    one = lambda b: len(b).to_bytes(4, "big") + b  # noqa: E731
+    aliasing = ((2).to_bytes(4, "big") + one(b"\0" * 8) + one((1).to_bytes(4, "big"))
+                + one(b"\x80" + b"\0" * 7) + one((2).to_bytes(4, "big")))
+
+    def cell(k: int, column: str, value: bytes, seq: int = 0) -> dict:
+        pk, position = k.to_bytes(4, "big"), 100 + k
+        return {"segment": "CommitLog-7-1.log", "segment_id": 1, "position": position, "entry_index": k,
+                "seq": seq, "table_id": str(table.id), "keyspace": "ks", "table": "doubt", "partition_key": pk,
+                "token": token(pk), "clustering": b"", "is_static": False, "kind": "cell", "column": column,
+                "value": value, "timestamp": 10, "ttl": 0, "local_deletion_time": (1 << 31) - 1,
+                "mutation_id": position.to_bytes(16, "big")}
+    # one mutation a partition: partition 3's sets n and the map
+    log = pa.Table.from_pylist([cell(k, "n", k.to_bytes(4, "big")) for k in range(8)] + [cell(3, "m", aliasing, 1)],
+                               schema=CELL_LOG_SCHEMA)
+    records = log.to_pylist()
+    tb = native.process_table(table, log, pa.Table.from_pylist([], schema=STATE_SCHEMA), 100,
+                              state_schema=merge_source_schema(table))
+    doubted = tb.keys.to_pylist().index((3).to_bytes(4, "big"))
+    assert sorted(tb.python) == [doubted] and tb.events.num_rows == len(tb.keys) - 1
+    events, _, _ = table_outputs(table, log, _stored_rows(table, {}, ()), 100)
     want = [{f: row[f] for f in EVENT_FIELDS} for row in
-            (outbox_row(odd, e, "", 0, 0) for r in process_table(odd, records, {}, 100) for e in r.events)]
-    assert events.select(list(EVENT_FIELDS)).to_pylist() == want and want
+            (outbox_row(table, e, "", 0, 0) for r in process_table(table, records, {}, 100) for e in r.events)]
+    assert events.select(list(EVENT_FIELDS)).to_pylist() == want and len(want) == len(tb.keys)
+    # the map shows one entry, as the dict Python decodes it into
+    assert len(json.loads(events.column("event_json")[doubted].as_py())["after"]["m"]) == 1
 
 
 def test_a_table_the_compiled_engine_cannot_take_runs_in_python(caplog):
@@ -389,12 +403,12 @@ def test_a_null_partition_key_is_an_error_naming_the_record():
 
 @pytest.mark.parametrize("seed", range(6))
 def test_column_and_table_names_that_need_escaping_give_the_python_engines_events(seed):
-    """Quoted CQL identifiers may hold quotes and backslashes: the compiled engine writes each name's repr (what
-    the event id hashes) and its JSON once per table, escaped as Python escapes them, and its events and rows are
-    the Python engine's."""
+    """Quoted CQL identifiers may hold quotes, backslashes and any Unicode: the compiled engine writes each name's
+    JSON once per table, escaped as Python escapes it, hashes its UTF-8 bytes into event ids as Python does, and
+    its events and rows are the Python engine's."""
     rng = random.Random(seed)
     table = make_table(rng, counter=seed % 3 == 0)
-    forms = ["it's {}", 'say "{}"', "back\\{}", "both'\"{}", "{}"]
+    forms = ["it's {}", 'say "{}"', "back\\{}", "both'\"{}", "{}", "é{}", "名前{}", "{}\u00ff"]
     renamed = {n: (n if n == "st" else forms[i % len(forms)].format(n)) for i, n in enumerate(table.columns)}
     cols = {renamed[n]: dataclasses.replace(c, name=renamed[n]) for n, c in table.columns.items()}
     odd = TableMetadata('k"s\\', "t'1", table.id, [cols[renamed[c.name]] for c in table.partition_key],

@@ -51,7 +51,8 @@ Rules:
   ``expired: True``, ``ts_us`` = the expiry time and no segment/position.
 * ``id`` is a hash of the table id, the partition key, the row key, ``op``, ``ts_us`` and the row's resulting
   state (its cells and tombstones with their timestamps, its static row, the deletions covering it, and which
-  of its cells are live): republishing the same change gives the same id; two different changes never do.
+  of its cells are live): republishing the same change gives the same id; two different changes never do. It is
+  SHA-256 of a canonical binary encoding of those (``_event_id``, below), which the compiled engine writes too.
 * ``ts_ms`` is the caller's processing time (``now`` in ms unless ``ts_ms`` is given): nothing here reads the
   clock.
 
@@ -80,6 +81,7 @@ Other entry points: ``snapshot_events`` (``r`` events of every visible row, for 
 from __future__ import annotations
 
 import hashlib
+import struct
 from operator import itemgetter
 from typing import Iterable, Optional
 
@@ -208,30 +210,141 @@ def _changed_columns(plan: list, b_img, a_img) -> list:
     return out
 
 
-def _row_state_repr(row) -> tuple:
-    if row is None:
-        return ()
-    return (row.liveness, row.deletion, row.shadowable, tuple(sorted(row.cells.items())),
-            tuple(sorted((c, d, tuple(sorted(cells.items()))) for c, (d, cells) in row.complex.items())))
+# ---- event ids ------------------------------------------------------------------------------------------------
+#
+# An event's id is the first 16 bytes (32 hex digits) of SHA-256 over one canonical encoding of what makes the
+# change (the table, the row, the op, the write time, the expiry flag) and of the row's resulting state (its cells
+# and tombstones with their timestamps, its partition's static row and deletion, the deletions covering it, and what
+# it shows). Every field is length-prefixed or of fixed width, so two different inputs never encode alike; integers
+# are big-endian; names are UTF-8; a row's cells come by column name, a complex column's by path, rows by key.
+# ``native/src/state/events.rs`` writes the same bytes (``tests/test_state_native.py`` compares them).
+#
+#   input    = TAG, bytes(table id), bytes(partition key), opt(bytes(clustering key)), op (1 byte), i64(ts_us),
+#              u8(expired), row(static row), opt(del(partition deletion)),
+#              [clustering row:  opt(row(its state)), i64(its shadowing deletion time)
+#               static-only row: u32(n), n x (bytes(key), row(state)) of every clustering row, by key],
+#              opt(image(static part), opt(image(row part))) of the row after the change (None for a delete)
+#   row      = opt(i64 ts, i32 ttl, i64 ldt of its liveness), opt(del(deletion)), opt(del(shadowable deletion)),
+#              u32(n), n x (str(column), cell), u32(m), m x (str(column), opt(del(its deletion)), u32(k),
+#              k x (bytes(path), cell))
+#   cell     = i64 ts, i32 ttl, i64 ldt, u8 tombstone, bytes(value)
+#   del      = i64 ts, i64 ldt
+#   image    = u32(n), n x (str(column), value): 0 bytes(value) | 1 i128 (a counter's total) |
+#              2 u32(k), k x (opt(bytes(path)), bytes(value)) (a complex column's live items)
+#   bytes(b) = u32 length, b;  str(s) = bytes(s as UTF-8);  opt(x) = 0 | 1 x
+#
+# Only events computed again ever meet ids computed before: a redelivery and a re-emit publish the outbox's ids.
+
+_ID_TAG = b"cassandra-cdc event id 2\n"
+_U32, _I64, _DEL, _LIVENESS, _CELL = (struct.Struct(f) for f in (">I", ">q", ">qq", ">qiq", ">qiqB"))
+
+
+def _id_bytes(out: bytearray, b: bytes) -> None:
+    out += _U32.pack(len(b))
+    out += b
+
+
+def _id_del(out: bytearray, d) -> None:
+    if d is None:
+        out.append(0)
+    else:
+        out.append(1)
+        out += _DEL.pack(d[0], d[1])
+
+
+def _id_cell(out: bytearray, cell) -> None:
+    out += _CELL.pack(cell[0], cell[1], cell[2], 1 if cell[3] else 0)
+    _id_bytes(out, cell[4])
+
+
+def _id_row(out: bytearray, row) -> None:
+    if row.liveness is None:
+        out.append(0)
+    else:
+        out.append(1)
+        out += _LIVENESS.pack(*row.liveness)
+    _id_del(out, row.deletion)
+    _id_del(out, row.shadowable)
+    out += _U32.pack(len(row.cells))
+    for col in sorted(row.cells):
+        _id_bytes(out, col.encode())
+        _id_cell(out, row.cells[col])
+    out += _U32.pack(len(row.complex))
+    for col in sorted(row.complex):
+        deletion, cells = row.complex[col]
+        _id_bytes(out, col.encode())
+        _id_del(out, deletion)
+        out += _U32.pack(len(cells))
+        for path in sorted(cells):
+            _id_bytes(out, path)
+            _id_cell(out, cells[path])
+
+
+def _id_image(out: bytearray, img: dict) -> None:
+    out += _U32.pack(len(img))
+    for col in sorted(img):
+        _id_bytes(out, col.encode())
+        v = img[col]
+        if isinstance(v, (bytes, bytearray)):
+            out.append(0)
+            _id_bytes(out, v)
+        elif isinstance(v, int):
+            out.append(1)
+            out += v.to_bytes(16, "big", signed=True)
+        else:
+            out.append(2)
+            out += _U32.pack(len(v))
+            for path, value in v:
+                if path is None:
+                    out.append(0)
+                else:
+                    out.append(1)
+                    _id_bytes(out, path)
+                _id_bytes(out, value)
 
 
 def _event_id(table, pk: bytes, key, op: str, ts_us: int, expired: bool, part: PartitionState, a_img,
               table_id: Optional[str] = None) -> str:
-    """Hash of the table, key, op, write time and the row's resulting state (see the module docstring)."""
-    h = hashlib.sha256()
-    h.update(repr((str(table.id) if table_id is None else table_id, pk, key, op, ts_us, expired)).encode())
-    h.update(repr(_row_state_repr(part.static)).encode())
-    h.update(repr(part.deletion).encode())
+    """The event's id: SHA-256 of the canonical encoding above, its first 16 bytes in hex."""
+    out = bytearray(_ID_TAG)
+    _id_bytes(out, (str(table.id) if table_id is None else table_id).encode())
+    _id_bytes(out, pk)
+    if key is STATIC_KEY:
+        out.append(0)
+    else:
+        out.append(1)
+        _id_bytes(out, key)
+    out += op.encode()
+    out += _I64.pack(ts_us)
+    out.append(1 if expired else 0)
+    _id_row(out, part.static)
+    _id_del(out, part.deletion)
     if key is not STATIC_KEY:
         row = part.rows.get(key)
-        h.update(repr(_row_state_repr(row)).encode())
-        h.update(repr(_row_shadow_ts(table, part, key, None)).encode())
+        if row is None:
+            out.append(0)
+        else:
+            out.append(1)
+            _id_row(out, row)
+        out += _I64.pack(_row_shadow_ts(table, part, key, None))
     else:
         # the static-only row exists or not depending on the partition's clustering rows
-        h.update(repr(sorted((k, _row_state_repr(r)) for k, r in part.rows.items())).encode())
-    if a_img is not None:
-        h.update(repr(tuple(None if img is None else sorted(img.items()) for img in a_img)).encode())
-    return h.hexdigest()[:32]
+        out += _U32.pack(len(part.rows))
+        for k in sorted(part.rows):
+            _id_bytes(out, k)
+            _id_row(out, part.rows[k])
+    if a_img is None:
+        out.append(0)
+    else:
+        out.append(1)
+        static_img, row_img = a_img
+        _id_image(out, static_img)
+        if row_img is None:
+            out.append(0)
+        else:
+            out.append(1)
+            _id_image(out, row_img)
+    return hashlib.sha256(out).hexdigest()[:32]
 
 
 def _scope(table, part: PartitionState, rec):

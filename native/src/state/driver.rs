@@ -964,7 +964,7 @@ fn process_run<'a>(em: &Emitter, stored: &Stored<'a>, log: &CellLog<'a>, sorted:
         let idx = first + i;
         let mut clock = Clock::start();
         let known = partition_records(log, &sorted[part.recs.clone()], &mut recs);
-        if !known || !t.repr_ok {
+        if !known || !t.names_exact {
             out.doubted.push(idx);
             continue;
         }

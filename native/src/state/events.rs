@@ -1,19 +1,18 @@
 //! Change events, as `cdc_lib.state.events` and `sinks.delta.outbox_row` make them: one per row whose images
 //! differ across a change, with its JSON envelope (full `before` and `after` rows), its key JSON and its id (the
-//! first half of a SHA-256 over the Python reprs `events._event_id` hashes). Written straight into the outbox's
-//! Arrow columns (`out::Events`).
+//! first half of a SHA-256 over the canonical encoding of the change and the row's state that `events._event_id`
+//! hashes). Written straight into the outbox's Arrow columns (`out::Events`).
 
 use std::cmp::Ordering;
 
 use sha2::{Digest, Sha256};
 
-use super::engine::{compare_clustering, decode_clustering, row_shadow_ts, Cell, Del, PartitionState, RowState,
-                    NO_DELETION_TIME, NO_TIMESTAMP};
+use super::engine::{compare_clustering, decode_clustering, row_shadow_ts, Cell, Del, PartitionState, RowState};
 use super::images::{in_path_order, ImageSet, Img, Item, RowKey, IV};
 use super::out::Events;
 use super::phases::{Clock, Phase};
 use super::table::{ColId, Role, Table};
-use super::text::{json_str, push_i128, push_i64, push_text, repr_bytes};
+use super::text::{json_str, push_i128, push_i64, push_text};
 use super::types::{self, Doubt, Ty, D};
 
 /// What the caller gives every event: who and when.
@@ -62,6 +61,9 @@ pub struct Emitter<'a> {
     id_prefix: [[String; 3]; 2],
     /// `{"` then the JSON key of each non-key column of the rows (after the key columns), with its role
     row_cols: Vec<(ColId, String, bool)>,
+    /// SHA-256 over what every event id of the table starts with (`event_id_input`'s tag and table id): a block
+    /// hashed once instead of for each event
+    id_hasher: Sha256,
 }
 
 impl<'a> Emitter<'a> {
@@ -82,7 +84,9 @@ impl<'a> Emitter<'a> {
             let c = t.c(*col);
             (*col, format!(",{}", c.json_key), c.role == Role::Static)
         }).collect();
-        Emitter { t, ctx, source_prefix, id_prefix, row_cols }
+        let mut prefix = Vec::new();
+        id_input_prefix(t, &mut prefix);
+        Emitter { t, ctx, source_prefix, id_prefix, row_cols, id_hasher: Sha256::new_with_prefix(&prefix) }
     }
 
     /// `_Emitter.diff`: one event per row whose images differ, rows in clustering order. `keys`: room for the
@@ -129,9 +133,9 @@ impl<'a> Emitter<'a> {
         let t = self.t;
         let op = if b.is_none() { b'c' } else if a.is_none() { b'd' } else { b'u' };
         let mut clock = Clock::start();
-        event_id_text(t, pk, key, op, ts_us, expired, part, a, &mut out.scratch)?;
+        event_id_input(t, pk, key, op, ts_us, expired, part, a, &mut out.scratch)?;
         clock.lap(Phase::EventsIdText);
-        let hex = hex_id(&event_id_of(&out.scratch));
+        let hex = hex_id(&event_id_of(&self.id_hasher, &out.scratch));
         clock.lap(Phase::EventsIdHash);
         // SAFETY: hex digits
         let hex = unsafe { std::str::from_utf8_unchecked(&hex) };
@@ -371,269 +375,185 @@ fn hex_id(digest: &[u8; 16]) -> [u8; 32] {
     out
 }
 
-// ---- event ids: sha256 of Python reprs ------------------------------------------------------------------------
+// ---- event ids: SHA-256 of a canonical encoding of the change and the row's state (`state.events._event_id`) -------
 
-fn repr_del(out: &mut String, d: &Option<Del>) {
-    match d {
-        None => out.push_str("None"),
-        Some((a, b)) => {
-            out.push('(');
-            push_i64(out, *a);
-            out.push_str(", ");
-            push_i64(out, *b);
-            out.push(')');
-        }
-    }
-}
+/// What the encoding starts with: its name and version.
+const ID_TAG: &[u8] = b"cassandra-cdc event id 2\n";
 
-/// The event's write time and where its digits are in the id text: most cells carry that time, and copying its
-/// digits is cheaper than writing them again.
-#[derive(Clone, Copy)]
-struct WriteTime {
-    ts: i64,
-    at: (usize, usize),
-}
+/// The id input's writer: every field length-prefixed or of fixed width, integers big-endian.
+struct IdInput<'o>(&'o mut Vec<u8>);
 
-impl WriteTime {
-    /// `ts` in decimal, copied when it is the write time.
-    fn push(self, out: &mut String, ts: i64) {
-        if ts == self.ts {
-            // SAFETY: ASCII digits of the same string
-            unsafe { out.as_mut_vec() }.extend_from_within(self.at.0..self.at.1);
-        } else {
-            push_i64(out, ts);
-        }
-    }
-}
-
-/// `str(ldt)`: most cells never expire.
-fn push_ldt(out: &mut String, ldt: i64) {
-    if ldt == NO_DELETION_TIME {
-        out.push_str("2147483647");
-    } else {
-        push_i64(out, ldt);
-    }
-}
-
-fn repr_cell(out: &mut String, c: &Cell, wt: WriteTime) {
-    out.push('(');
-    wt.push(out, c.ts);
-    out.push_str(", ");
-    push_i64(out, c.ttl as i64);
-    out.push_str(", ");
-    push_ldt(out, c.ldt);
-    out.push_str(if c.tomb { ", True, " } else { ", False, " });
-    repr_bytes(out, &c.value);
-    out.push(')');
-}
-
-/// Python's repr of a tuple, its items written in place: `(a, b)`, `(a,)`, `()`.
-struct ReprTuple {
-    n: usize,
-}
-
-impl ReprTuple {
-    fn open(out: &mut String) -> ReprTuple {
-        out.push('(');
-        ReprTuple { n: 0 }
+impl IdInput<'_> {
+    #[inline]
+    fn u8(&mut self, x: u8) {
+        self.0.push(x);
     }
 
-    /// Call before writing each item.
-    fn item(&mut self, out: &mut String) {
-        if self.n > 0 {
-            out.push_str(", ");
-        }
-        self.n += 1;
+    #[inline]
+    fn u32(&mut self, n: usize) {
+        self.0.extend_from_slice(&(n as u32).to_be_bytes());
     }
 
-    fn close(self, out: &mut String) {
-        if self.n == 1 {
-            out.push(',');
-        }
-        out.push(')');
+    #[inline]
+    fn i64(&mut self, x: i64) {
+        self.0.extend_from_slice(&x.to_be_bytes());
     }
-}
 
-fn repr_name(out: &mut String, t: &Table, col: ColId) -> D<()> {
-    push_text(out, t.c(col).repr.as_deref().ok_or(Doubt)?);
-    Ok(())
-}
+    #[inline]
+    fn bytes(&mut self, b: &[u8]) {
+        self.u32(b.len());
+        crate::columns::append(self.0, b);
+    }
 
-/// The start of a `(column name, ...)` item of `tup`; the caller writes the rest and the `)`.
-fn named_item(out: &mut String, tup: &mut ReprTuple, t: &Table, col: ColId) -> D<()> {
-    tup.item(out);
-    out.push('(');
-    repr_name(out, t, col)?;
-    out.push_str(", ");
-    Ok(())
-}
-
-/// `_row_state_repr(row)`.
-fn repr_row_state(out: &mut String, t: &Table, row: Option<&RowState>, wt: WriteTime) -> D<()> {
-    let row = match row {
-        None => {
-            out.push_str("()");
-            return Ok(());
-        }
-        Some(r) => r,
-    };
-    if row.is_empty() {
-        // a partition's static row, mostly
-        out.push_str("(None, None, None, (), ())");
-        return Ok(());
-    }
-    out.push('(');
-    match row.liveness {
-        None => out.push_str("None"),
-        Some((a, b, c)) => {
-            out.push('(');
-            push_i64(out, a);
-            out.push_str(", ");
-            push_i64(out, b as i64);
-            out.push_str(", ");
-            push_i64(out, c);
-            out.push(')');
-        }
-    }
-    out.push_str(", ");
-    repr_del(out, &row.deletion);
-    out.push_str(", ");
-    repr_del(out, &row.shadowable);
-    out.push_str(", ");
-    let mut tup = ReprTuple::open(out);
-    for (col, c) in t.in_name_order(&row.cells) {
-        named_item(out, &mut tup, t, *col)?;
-        repr_cell(out, c, wt);
-        out.push(')');
-    }
-    tup.close(out);
-    out.push_str(", ");
-    let mut tup = ReprTuple::open(out);
-    for (col, e) in t.in_name_order(&row.complex) {
-        named_item(out, &mut tup, t, *col)?;
-        repr_del(out, &e.del);
-        out.push_str(", ");
-        let mut inner = ReprTuple::open(out);
-        for (p, c) in &e.cells {
-            inner.item(out);
-            out.push('(');
-            repr_bytes(out, p);
-            out.push_str(", ");
-            repr_cell(out, c, wt);
-            out.push(')');
-        }
-        inner.close(out);
-        out.push(')');
-    }
-    tup.close(out);
-    out.push(')');
-    Ok(())
-}
-
-fn repr_ival(out: &mut String, v: &IV, items: &[Item]) {
-    match v {
-        IV::Bytes(b) => repr_bytes(out, b),
-        IV::Counter(n) => push_i128(out, *n),
-        IV::Items(s, e) => {
-            let mut tup = ReprTuple::open(out);
-            for (p, x) in &items[*s as usize..*e as usize] {
-                tup.item(out);
-                out.push('(');
-                match p {
-                    None => out.push_str("None"),
-                    Some(p) => repr_bytes(out, p),
-                }
-                out.push_str(", ");
-                repr_bytes(out, x);
-                out.push(')');
+    fn del(&mut self, d: &Option<Del>) {
+        match d {
+            None => self.u8(0),
+            Some((ts, ldt)) => {
+                self.u8(1);
+                self.i64(*ts);
+                self.i64(*ldt);
             }
-            tup.close(out);
+        }
+    }
+
+    fn cell(&mut self, c: &Cell) {
+        self.i64(c.ts);
+        self.0.extend_from_slice(&c.ttl.to_be_bytes());
+        self.i64(c.ldt);
+        self.u8(c.tomb as u8);
+        self.bytes(&c.value);
+    }
+
+    fn row(&mut self, t: &Table, row: &RowState) {
+        match row.liveness {
+            None => self.u8(0),
+            Some((ts, ttl, ldt)) => {
+                self.u8(1);
+                self.i64(ts);
+                self.0.extend_from_slice(&ttl.to_be_bytes());
+                self.i64(ldt);
+            }
+        }
+        self.del(&row.deletion);
+        self.del(&row.shadowable);
+        self.u32(row.cells.len());
+        for (col, c) in t.in_name_order(&row.cells) {
+            self.bytes(t.name_of(*col).as_bytes());
+            self.cell(c);
+        }
+        self.u32(row.complex.len());
+        for (col, e) in t.in_name_order(&row.complex) {
+            self.bytes(t.name_of(*col).as_bytes());
+            self.del(&e.del);
+            self.u32(e.cells.len());
+            for (p, c) in &e.cells {
+                self.bytes(p);
+                self.cell(c);
+            }
+        }
+    }
+
+    fn image(&mut self, t: &Table, img: &[(ColId, IV)], items: &[Item]) {
+        self.u32(img.len());
+        for (col, v) in t.in_name_order(img) {
+            self.bytes(t.name_of(*col).as_bytes());
+            match v {
+                IV::Bytes(b) => {
+                    self.u8(0);
+                    self.bytes(b);
+                }
+                IV::Counter(n) => {
+                    self.u8(1);
+                    self.0.extend_from_slice(&n.to_be_bytes());
+                }
+                IV::Items(s, e) => {
+                    self.u8(2);
+                    let items = &items[*s as usize..*e as usize];
+                    self.u32(items.len());
+                    for (p, x) in items {
+                        match p {
+                            None => self.u8(0),
+                            Some(p) => {
+                                self.u8(1);
+                                self.bytes(p);
+                            }
+                        }
+                        self.bytes(x);
+                    }
+                }
+            }
         }
     }
 }
 
-/// `repr(sorted(img.items()))`.
-fn repr_image(out: &mut String, t: &Table, img: &[(ColId, IV)], items: &[Item]) -> D<()> {
-    out.push('[');
-    for (i, (col, v)) in t.in_name_order(img).enumerate() {
-        if i > 0 {
-            out.push_str(", ");
-        }
-        out.push('(');
-        repr_name(out, t, *col)?;
-        out.push_str(", ");
-        repr_ival(out, v, items);
-        out.push(')');
-    }
-    out.push(']');
-    Ok(())
+/// What every event id of table `t` hashes first: the encoding's tag and the table id.
+fn id_input_prefix(t: &Table, s: &mut Vec<u8>) {
+    s.extend_from_slice(ID_TAG);
+    IdInput(s).bytes(t.id_str.as_bytes());
 }
 
-/// The reprs `events._event_id` hashes, one after the other, written into `s` (`event_id_of` hashes them at once:
-/// the same digest as hashing each in turn).
+/// `events._event_id`'s input after `id_input_prefix`, written into `s`: the change (row, op, write time,
+/// expiry), the row's resulting state, and what it shows after the change (`a_img`; None for a delete).
 #[allow(clippy::too_many_arguments)]
-pub fn event_id_text(t: &Table, pk: &[u8], key: RowKey, op: u8, ts_us: i64, expired: bool, part: &PartitionState,
-                     a_img: Option<Img>, s: &mut String) -> D<()> {
-    if !t.repr_ok {
+pub fn event_id_input(t: &Table, pk: &[u8], key: RowKey, op: u8, ts_us: i64, expired: bool, part: &PartitionState,
+                      a_img: Option<Img>, s: &mut Vec<u8>) -> D<()> {
+    if !t.names_exact {
         return Err(Doubt);
     }
     s.clear();
-    s.push('(');
-    s.push_str(t.id_repr.as_deref().ok_or(Doubt)?);
-    s.push_str(", ");
-    repr_bytes(s, pk);
-    s.push_str(", ");
+    let mut w = IdInput(s);
+    w.bytes(pk);
     match key {
-        None => s.push_str("None"),
-        Some(k) => repr_bytes(s, &k),
+        None => w.u8(0),
+        Some(k) => {
+            w.u8(1);
+            w.bytes(&k);
+        }
     }
-    s.push_str(", '");
-    s.push(op as char);
-    s.push_str("', ");
-    let at = s.len();
-    push_i64(s, ts_us);
-    let wt = WriteTime { ts: ts_us, at: (at, s.len()) };
-    s.push_str(if expired { ", True)" } else { ", False)" });
-    repr_row_state(s, t, Some(&part.static_row), wt)?;
-    repr_del(s, &part.deletion);
+    w.u8(op);
+    w.i64(ts_us);
+    w.u8(expired as u8);
+    w.row(t, &part.static_row);
+    w.del(&part.deletion);
     match key {
         Some(k) => {
-            repr_row_state(s, t, part.rows.get(&k), wt)?;
-            match row_shadow_ts(t, part, &k)? {
-                NO_TIMESTAMP => s.push_str("-9223372036854775808"),
-                shadow => push_i64(s, shadow),
+            match part.rows.get(&k) {
+                None => w.u8(0),
+                Some(row) => {
+                    w.u8(1);
+                    w.row(t, row);
+                }
             }
+            w.i64(row_shadow_ts(t, part, &k)?);
         }
         None => {
             // the static-only row exists or not depending on the partition's clustering rows
-            s.push('[');
-            for (i, (k, r)) in part.rows.iter().enumerate() {
-                if i > 0 {
-                    s.push_str(", ");
-                }
-                s.push('(');
-                repr_bytes(s, &k);
-                s.push_str(", ");
-                repr_row_state(s, t, Some(r), wt)?;
-                s.push(')');
+            w.u32(part.rows.len());
+            for (k, r) in part.rows.iter() {
+                w.bytes(&k);
+                w.row(t, r);
             }
-            s.push(']');
         }
     }
-    if let Some(img) = a_img {
-        s.push('(');
-        repr_image(s, t, img.stat, img.items)?;
-        s.push_str(", ");
-        match img.row {
-            None => s.push_str("None"),
-            Some(r) => repr_image(s, t, r, img.items)?,
+    match a_img {
+        None => w.u8(0),
+        Some(img) => {
+            w.u8(1);
+            w.image(t, img.stat, img.items);
+            match img.row {
+                None => w.u8(0),
+                Some(r) => {
+                    w.u8(1);
+                    w.image(t, r, img.items);
+                }
+            }
         }
-        s.push(')');
     }
     Ok(())
 }
 
-/// `events._event_id`: the first 16 bytes (32 hex digits) of SHA-256 over `event_id_text`.
-pub fn event_id_of(text: &str) -> [u8; 16] {
-    Sha256::digest(text.as_bytes())[..16].try_into().expect("a SHA-256 digest has 32 bytes")
+/// `events._event_id`: the first 16 bytes (32 hex digits) of SHA-256 over `id_input_prefix`, then
+/// `event_id_input` (`prefixed`: the hash of the first, to go on from).
+pub fn event_id_of(prefixed: &Sha256, input: &[u8]) -> [u8; 16] {
+    prefixed.clone().chain_update(input).finalize()[..16].try_into().expect("a SHA-256 digest has 32 bytes")
 }

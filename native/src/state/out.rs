@@ -415,8 +415,8 @@ pub struct Events {
     pub ts_us: Vec<i64>,
     /// the partition the events being written belong to: its index, its token, where its events start
     current: (i32, i64, usize),
-    /// the Python reprs an event id hashes, written here first (one buffer for all the events)
-    pub scratch: String,
+    /// what an event id hashes (`events::event_id_input`), written here first (one buffer for all the events)
+    pub scratch: Vec<u8>,
     /// an event's key columns as JSON (`events::key_columns_json`), written once for its key and both rows
     pub key_text: String,
     /// the segment name the last event named, as JSON
@@ -430,7 +430,7 @@ impl Events {
                  partition_key: Out::var_with_capacity(n, 16 * n), idx: Vec::with_capacity(n),
                  event_id: Out::var_with_capacity(n, 32 * n), op: Out::var_with_capacity(n, n),
                  key_json: Out::var_with_capacity(n, 64 * n), event_json: Out::var_with_capacity(n, 1024 * n),
-                 ts_us: Vec::with_capacity(n), current: (0, 0, 0), scratch: String::with_capacity(1024),
+                 ts_us: Vec::with_capacity(n), current: (0, 0, 0), scratch: Vec::with_capacity(1024),
                  key_text: String::with_capacity(64), segments: SegmentJson::default() }
     }
 
@@ -513,7 +513,7 @@ pub fn arrow_value(o: &mut Out, t: &Ty, b: Option<&[u8]>) -> D<()> {
     }
     match t {
         Ty::Ascii | Ty::Text => {
-            let ok = if let Ty::Ascii = t { b.is_ascii() } else { std::str::from_utf8(b).is_ok() };
+            let ok = b.is_ascii() || (matches!(t, Ty::Text) && std::str::from_utf8(b).is_ok());
             if !ok {
                 return Err(Doubt);
             }

@@ -24,9 +24,7 @@ pub enum Role {
 
 pub struct Column {
     pub name: String,
-    /// the name as Python's `repr` gives it (None: not printable ASCII, see `Table::repr_ok`), and as a JSON
-    /// object key with its colon: written once here, not for every event
-    pub repr: Option<String>,
+    /// the name as a JSON object key with its colon: written once here, not for every event
     pub json_key: String,
     pub ty: Option<Ty>,
     pub role: Role,
@@ -43,8 +41,6 @@ pub struct Column {
 
 pub struct Table {
     pub id_str: String,
-    /// `repr(id_str)` (None: not printable ASCII)
-    pub id_repr: Option<String>,
     pub keyspace: String,
     pub name: String,
     /// `,"keyspace":...,"table":...` as an event's source gives them
@@ -59,9 +55,8 @@ pub struct Table {
     pub typed_cols: Vec<ColId>,
     /// (column, 0 key / 1 static / 2 regular) in `table.columns` order (`changed`)
     pub change_plan: Vec<(ColId, u8)>,
-    /// every column name and the table id are printable ASCII, so event ids (hashes of Python reprs) can be
-    /// computed here (see `text::repr_ascii_str`)
-    pub repr_ok: bool,
+    /// every column name is the name the data gives (valid UTF-8), as event ids hash it
+    pub names_exact: bool,
     /// column ids follow their names' order: ids are given in name order, and stay so unless data names an
     /// unknown column that sorts before a known one (`in_name_order`)
     ids_by_name: bool,
@@ -79,12 +74,11 @@ pub struct ColumnDesc {
 impl Table {
     pub fn new(id_str: String, keyspace: String, name: String, columns: Vec<ColumnDesc>,
                dropped: Vec<(String, Ty, i64)>) -> Table {
-        let id_repr = repr_of(&id_str);
         let source_names_json = format!(",\"keyspace\":{},\"table\":{}", json_of(&keyspace), json_of(&name));
-        let mut t = Table { id_str, id_repr, source_names_json, keyspace, name, cols: Vec::new(),
+        let mut t = Table { id_str, source_names_json, keyspace, name, cols: Vec::new(),
                             by_name: FxMap::default(), pk: Vec::new(), ck: Vec::new(), value_cols: Vec::new(),
                             typed_cols: Vec::new(), change_plan: Vec::new(),
-                            repr_ok: true, ids_by_name: true, recent: [ColId::MAX; 4] };
+                            names_exact: true, ids_by_name: true, recent: [ColId::MAX; 4] };
         let drop_times: HashMap<String, i64> = dropped.iter().map(|(n, _, t)| (n.clone(), *t)).collect();
         // ids in name order, schema and dropped columns alike: a row's cells, kept by id, are then in the order
         // the event ids and state rows list them (by name) without sorting
@@ -112,8 +106,8 @@ impl Table {
             let complex = c.ty.is_multicell();
             let list = matches!(c.ty, Ty::List(..)) && complex;
             t.by_name.insert(c.name.as_bytes().to_vec(), id);
-            let (repr, json_key) = (repr_of(&c.name), json_key_of(&c.name));
-            cols[id as usize] = Some(Column { drop_time: drop_times.get(&c.name).copied(), name: c.name, repr,
+            let json_key = json_key_of(&c.name);
+            cols[id as usize] = Some(Column { drop_time: drop_times.get(&c.name).copied(), name: c.name,
                                               json_key, ty: Some(c.ty), role: c.role, current: true, counter,
                                               complex, list, reversed: c.reversed });
         }
@@ -123,8 +117,8 @@ impl Table {
             }
             let id = id_of(&name);
             t.by_name.insert(name.as_bytes().to_vec(), id);
-            let (repr, json_key) = (repr_of(&name), json_key_of(&name));
-            cols[id as usize] = Some(Column { name, repr, json_key, counter: ty == Ty::Counter,
+            let json_key = json_key_of(&name);
+            cols[id as usize] = Some(Column { name, json_key, counter: ty == Ty::Counter,
                                               complex: ty.is_multicell(), ty: Some(ty), role: Role::Dropped,
                                               current: false, drop_time: Some(time), list: false, reversed: false });
         }
@@ -132,7 +126,6 @@ impl Table {
         let mut rest: Vec<ColId> = t.typed_cols.clone();
         rest.sort_by(|a, b| t.cols[*a as usize].name.cmp(&t.cols[*b as usize].name));
         t.value_cols = t.pk.iter().chain(&t.ck).chain(&rest).copied().collect();
-        t.repr_ok = t.id_repr.is_some() && t.cols.iter().all(|c| c.repr.is_some());
         t
     }
 
@@ -152,12 +145,12 @@ impl Table {
         if self.cols.last().is_some_and(|last| last.name > name_s) {
             self.ids_by_name = false;
         }
-        let (repr, json_key) = (repr_of(&name_s), json_key_of(&name_s));
-        if repr.is_none() || name_s.as_bytes() != name {
-            self.repr_ok = false;
+        let json_key = json_key_of(&name_s);
+        if name_s.as_bytes() != name {
+            self.names_exact = false;
         }
         self.by_name.insert(name.to_vec(), id);
-        self.cols.push(Column { name: name_s, repr, json_key, ty: None, role: Role::Unknown, current: false,
+        self.cols.push(Column { name: name_s, json_key, ty: None, role: Role::Unknown, current: false,
                                 drop_time: None, counter: false, complex: false, list: false, reversed: false });
         id
     }
@@ -191,11 +184,6 @@ impl Table {
         let k = &self.cols[id as usize].json_key;
         &k[..k.len() - 1]
     }
-}
-
-fn repr_of(s: &str) -> Option<String> {
-    let mut out = String::new();
-    crate::state::text::repr_ascii_str(&mut out, s).map(|_| out)
 }
 
 fn json_of(s: &str) -> String {
