@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/engine_phases.py --changes 1000000
 
 The same batch as ``bench_merge.py`` (``UPDATE kv SET v = ?, n = ? WHERE id = ?`` on distinct ids, a fifth of them
-new; the stored rows of the others, as the state table holds them) through ``sinks.delta.table_outputs``
+new; the stored rows of the others, as the state table holds them; its records in ``--order``) through ``sinks.delta.table_outputs``
 ``--calls`` times in one process, with a build of ``native/`` made with the ``phase-times`` feature (cargo, on
 first use, into ``native/target/phase-times``; the installed module is not touched). That build reads the
 time-stamp counter where each phase ends (``native/src/state/phases.rs``); a sampling profiler cannot tell the
@@ -51,6 +51,9 @@ def main(argv=None) -> int:
     p.add_argument("--new-fraction", type=float, default=0.2)
     p.add_argument("--calls", type=int, default=3, help="calls of the engine on the batch (their times summed)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--order", choices=("pipeline", "commitlog"), default="pipeline",
+                   help="the records' order: by token as the Spark job hands them over, or as written "
+                        "(bench_merge.py's --orders)")
     a = p.parse_args(argv)
     built = build()
     try:
@@ -74,9 +77,9 @@ def run(a, built: Path) -> int:
 
     table = load_cql_schema(bm.CQL).by_name("bench", "kv")
     ids, nvals, n_new = bm.change_ids(a.changes, a.changes, a.new_fraction, a.seed)
-    # in record batches of 64K records, as bench_merge hands them to the pipeline
-    cells = pa.Table.from_batches(bm.change_records(table, ids, bm.TS0 + 1_000_000, "w", nvals)
-                                  .to_batches(max_chunksize=65536))
+    # in record batches of 64K records, as bench_merge hands them to the pipeline, in --order
+    cells = bm.in_order(bm.change_records(table, ids, bm.TS0 + 1_000_000, "w", nvals), a.order)
+    cells = pa.Table.from_batches(cells.to_batches(max_chunksize=65536))
     stored = bm.state_chunk(table, ids[ids % 2 == 0], bm.TS0)      # even ids are stored rows
     print(f"{a.changes:,} changes ({n_new:,} new), {stored.num_rows:,} stored rows, engine {cdc_native.__file__}")
     cdc_native.phase_times()            # from zero

@@ -21,6 +21,7 @@ import uuid
 from unittest import mock
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from celllog_diff import require
 from hypothesis import given, settings
@@ -97,6 +98,8 @@ def compare_batches(table, batches, rng: random.Random, threads: int = 3, label:
         want_rows = rows_to_arrow(table, [row for r in results if r.changed for row in
                                           change_rows(table, r.partition_key, r.prior, r.state, now, 9, r.token)])
         log = pa.Table.from_pylist(records, schema=CELL_LOG_SCHEMA)
+        if i % 4 == 3:      # as the Spark job's shuffle hands a chunk over: in token order (a stable sort)
+            log = log.take(pc.sort_indices(log, [("token", "ascending")]))
         # every other batch as the pipeline runs it: grouped by partition_keys, the grouping handed on
         grouping = native.partition_keys(log).grouping if i % 2 == 0 else None
         stored = _stored_rows(table, states, keys | set(expiring))
@@ -321,12 +324,15 @@ def test_partition_keys_are_the_distinct_partitions_in_publish_order(pairs, chun
     both paths; the token range is small so that keys share tokens (as two keys can in Cassandra), and the records
     arrive in several record batches."""
     want = sorted({(tok, k) for k, tok in pairs})
-    for mode in ("1", "0"):
-        with mock.patch.dict(os.environ, {"CASSANDRA_CDC_NATIVE": mode}):
-            keys, tokens, grouping = native.partition_keys(_key_log(pairs, chunk))
-        assert (grouping is None) == (mode == "0"), mode
-        assert keys.type == pa.binary() and tokens.type == pa.int64(), mode
-        assert list(zip(tokens.to_pylist(), keys.to_pylist())) == want, mode
+    # as they come, and in token order (as the Spark job's shuffle hands a chunk over; keys sharing a token as
+    # they come)
+    for arrived in (pairs, sorted(pairs, key=lambda p: p[1])):
+        for mode in ("1", "0"):
+            with mock.patch.dict(os.environ, {"CASSANDRA_CDC_NATIVE": mode}):
+                keys, tokens, grouping = native.partition_keys(_key_log(arrived, chunk))
+            assert (grouping is None) == (mode == "0"), mode
+            assert keys.type == pa.binary() and tokens.type == pa.int64(), mode
+            assert list(zip(tokens.to_pylist(), keys.to_pylist())) == want, mode
 
 
 def test_partition_keys_of_a_large_batch_on_several_threads_are_the_same():
@@ -341,13 +347,15 @@ def test_partition_keys_of_a_large_batch_on_several_threads_are_the_same():
             token = rng.randrange(-2 ** 63, 2 ** 63)
         pairs += [(i.to_bytes(4, "big")[rng.randrange(2):], token)] * rng.choice((1, 2, 3))
     rng.shuffle(pairs)
-    log = _key_log(pairs, 50_000)
     want = sorted({(tok, k) for k, tok in pairs})
     got = {}
-    for mode, threads in (("1", 1), ("1", 2), ("0", 2)):
-        with mock.patch.dict(os.environ, {"CASSANDRA_CDC_NATIVE": mode}):
-            keys, tokens, _ = native.partition_keys(log, threads=threads)
-        got[mode, threads] = list(zip(tokens.to_pylist(), keys.to_pylist()))
+    # shuffled, and in token order with keys sharing a token as they come (the grouping takes those as they are)
+    for order, arrived in (("shuffled", pairs), ("by token", sorted(pairs, key=lambda p: p[1]))):
+        log = _key_log(arrived, 50_000)
+        for mode, threads in (("1", 1), ("1", 2), ("0", 2)):
+            with mock.patch.dict(os.environ, {"CASSANDRA_CDC_NATIVE": mode}):
+                keys, tokens, _ = native.partition_keys(log, threads=threads)
+            got[order, mode, threads] = list(zip(tokens.to_pylist(), keys.to_pylist()))
     assert len(want) > 170_000 and all(g == want for g in got.values())
 
 

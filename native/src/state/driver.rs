@@ -609,6 +609,85 @@ impl Grouping {
 /// then each run of a token split by key. A bucket holds whole tokens, so threads take contiguous buckets.
 fn group_partitions(pks: &[&Col], tokens: &[&Col], threads: usize) -> Grouped {
     let n: usize = tokens.iter().map(|c| c.len).sum();
+    // records already in token order (a chunk as the Spark job's shuffle sorts it): taken as they are, in runs of
+    // whole tokens, with no bucket to sort
+    let in_order = tokens_in_order(tokens);
+    let (sorted, bounds) = if in_order { in_log_order(tokens, n) } else { by_bucket(tokens, n) };
+    let mut sorted = sorted;
+    // contiguous buckets per thread, about as many records each (a small batch: one thread)
+    let threads = threads.clamp(1, (n / 65536).max(1));
+    let mut cuts: Vec<usize> = (1..threads).map(|i| bounds.partition_point(|&b| b < n * i / threads))
+        .filter(|&b| b > 0 && b < bounds.len() - 1).collect();
+    cuts.dedup();
+    let mut spans = Vec::with_capacity(cuts.len() + 1);
+    let mut rest: &mut [(i64, u64)] = &mut sorted;
+    let mut first = 0;
+    for b in cuts.into_iter().chain([bounds.len() - 1]) {
+        let (mine, others) = rest.split_at_mut(bounds[b] - bounds[first]);
+        spans.push((mine, &bounds[first..=b]));
+        (rest, first) = (others, b);
+    }
+    let done: Vec<SpanGroups> = if spans.len() == 1 {
+        spans.into_iter().map(|(recs, bounds)| group_span(pks, recs, bounds, !in_order)).collect()
+    } else {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = spans.into_iter()
+                .map(|(recs, bounds)| scope.spawn(move || group_span(pks, recs, bounds, !in_order)))
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("grouping a batch's records panicked")).collect()
+        })
+    };
+    // the spans' partitions and keys, one after the other
+    let parts: usize = done.iter().map(|d| d.starts.len()).sum();
+    let mut key_offsets = Vec::with_capacity(parts + 1);
+    key_offsets.push(0);
+    let mut key_data = Vec::with_capacity(done.iter().map(|d| d.key_data.len()).sum());
+    for d in &done {
+        let base = key_data.len() as i32;
+        key_offsets.extend(d.key_ends.iter().map(|e| base + *e as i32));
+        key_data.extend_from_slice(&d.key_data);
+    }
+    Grouped { sorted: sorted.into_iter().map(|x| Rid::unpack(x.1)).collect(),
+              starts: done.into_iter().flat_map(|d| d.starts).collect(), key_offsets, key_data }
+}
+
+/// Whether the records' tokens never decrease, record batch after record batch.
+fn tokens_in_order(tokens: &[&Col]) -> bool {
+    let mut last = i64::MIN;
+    tokens.iter().all(|tk| (0..tk.len).all(|row| {
+        let t = tk.i64(row);
+        let ok = t >= last;
+        last = t;
+        ok
+    }))
+}
+
+/// The records in cell-log order (already in token order), and bounds of runs of about 4,096 of them cut where the
+/// token changes: the buckets `group_partitions` spreads over threads.
+fn in_log_order(tokens: &[&Col], n: usize) -> (Vec<(i64, u64)>, Vec<usize>) {
+    let mut sorted = Vec::with_capacity(n);
+    for (c, tk) in tokens.iter().enumerate() {
+        sorted.extend((0..tk.len).map(|row| (tk.i64(row), Rid { chunk: c as u32, row: row as u32 }.packed())));
+    }
+    let mut bounds = vec![0];
+    let mut at = 0;
+    while at < n {
+        let mut end = (at + 4096).min(n);
+        while end < n && sorted[end].0 == sorted[end - 1].0 {
+            end += 1;
+        }
+        bounds.push(end);
+        at = end;
+    }
+    if n == 0 {
+        bounds.push(0);
+    }
+    (sorted, bounds)
+}
+
+/// The records placed by their token's top bits into buckets of a few hundred (`group_partitions`), unsorted
+/// within each, and the buckets' bounds.
+fn by_bucket(tokens: &[&Col], n: usize) -> (Vec<(i64, u64)>, Vec<usize>) {
     let bits = (n / 512).max(1).ilog2().min(12);
     // the token's order as unsigned, its top `bits` bits
     let bucket = |tk: i64| if bits == 0 { 0 } else { (((tk as u64) ^ (1 << 63)) >> (64 - bits)) as usize };
@@ -629,41 +708,7 @@ fn group_partitions(pks: &[&Col], tokens: &[&Col], threads: usize) -> Grouped {
             *at += 1;
         }
     }
-    // contiguous buckets per thread, about as many records each (a small batch: one thread)
-    let threads = threads.clamp(1, (n / 65536).max(1));
-    let mut cuts: Vec<usize> = (1..threads).map(|i| bounds.partition_point(|&b| b < n * i / threads))
-        .filter(|&b| b > 0 && b < bounds.len() - 1).collect();
-    cuts.dedup();
-    let mut spans = Vec::with_capacity(cuts.len() + 1);
-    let mut rest: &mut [(i64, u64)] = &mut sorted;
-    let mut first = 0;
-    for b in cuts.into_iter().chain([bounds.len() - 1]) {
-        let (mine, others) = rest.split_at_mut(bounds[b] - bounds[first]);
-        spans.push((mine, &bounds[first..=b]));
-        (rest, first) = (others, b);
-    }
-    let done: Vec<SpanGroups> = if spans.len() == 1 {
-        spans.into_iter().map(|(recs, bounds)| group_span(pks, recs, bounds)).collect()
-    } else {
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = spans.into_iter()
-                .map(|(recs, bounds)| scope.spawn(move || group_span(pks, recs, bounds)))
-                .collect();
-            handles.into_iter().map(|h| h.join().expect("grouping a batch's records panicked")).collect()
-        })
-    };
-    // the spans' partitions and keys, one after the other
-    let parts: usize = done.iter().map(|d| d.starts.len()).sum();
-    let mut key_offsets = Vec::with_capacity(parts + 1);
-    key_offsets.push(0);
-    let mut key_data = Vec::with_capacity(done.iter().map(|d| d.key_data.len()).sum());
-    for d in &done {
-        let base = key_data.len() as i32;
-        key_offsets.extend(d.key_ends.iter().map(|e| base + *e as i32));
-        key_data.extend_from_slice(&d.key_data);
-    }
-    Grouped { sorted: sorted.into_iter().map(|x| Rid::unpack(x.1)).collect(),
-              starts: done.into_iter().flat_map(|d| d.starts).collect(), key_offsets, key_data }
+    (sorted, bounds)
 }
 
 /// What `group_span` makes of a run of buckets: its partitions' (token, first record) and their keys (each key
@@ -675,11 +720,14 @@ struct SpanGroups {
 }
 
 /// `group_partitions`' work on one run of buckets: `recs`, the records of the buckets `bounds` delimits (indexes
-/// of the whole batch's records); its partitions by those indexes, and their keys.
-fn group_span(pks: &[&Col], recs: &mut [(i64, u64)], bounds: &[usize]) -> SpanGroups {
+/// of the whole batch's records), each bucket sorted first if `sort`; its partitions by those indexes, and their
+/// keys.
+fn group_span(pks: &[&Col], recs: &mut [(i64, u64)], bounds: &[usize], sort: bool) -> SpanGroups {
     let base = bounds[0];
-    for w in bounds.windows(2) {
-        recs[w[0] - base..w[1] - base].sort_unstable();
+    if sort {
+        for w in bounds.windows(2) {
+            recs[w[0] - base..w[1] - base].sort_unstable();
+        }
     }
     let at = |x: &(i64, u64)| {
         let r = Rid::unpack(x.1);

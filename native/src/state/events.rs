@@ -59,7 +59,8 @@ pub struct Emitter<'a> {
     /// what it holds between its write time and its id, by `expired` and op (c, u, d):
     /// `,"expired":...,"snapshot":false},"op":"u","ts_ms":...,"id":"`
     id_prefix: [[String; 3]; 2],
-    /// `{"` then the JSON key of each non-key column of the rows (after the key columns), with its role
+    /// each non-key column of the rows, in the order they follow the key columns (`value_cols`: by name, which is
+    /// by id), with `,` and its JSON key, and whether it is static
     row_cols: Vec<(ColId, String, bool)>,
     /// SHA-256 over what every event id of the table starts with (`event_id_input`'s tag and table id): a block
     /// hashed once instead of for each event
@@ -80,10 +81,11 @@ impl<'a> Emitter<'a> {
             s.push_str(",\"id\":\"");
             s
         }));
-        let row_cols = t.value_cols[t.pk.len() + t.ck.len()..].iter().map(|col| {
+        let row_cols: Vec<(ColId, String, bool)> = t.value_cols[t.pk.len() + t.ck.len()..].iter().map(|col| {
             let c = t.c(*col);
             (*col, format!(",{}", c.json_key), c.role == Role::Static)
         }).collect();
+        debug_assert!(row_cols.windows(2).all(|w| w[0].0 < w[1].0), "current columns' ids follow their names");
         let mut prefix = Vec::new();
         id_input_prefix(t, &mut prefix);
         Emitter { t, ctx, source_prefix, id_prefix, row_cols, id_hasher: Sha256::new_with_prefix(&prefix) }
@@ -173,12 +175,17 @@ impl<'a> Emitter<'a> {
         };
         out.push('{');
         push_text(out, key_text);
-        // the other columns follow the key's in `value_cols`
+        // the other columns follow the key's in `value_cols`, by id as the images are: each image walked once
+        let (row, mut at) = (img.row.unwrap_or(&[]), [0usize; 2]);
         for (col, json_key, in_static) in &self.row_cols {
             push_text(out, json_key);
-            match img.get(*in_static, *col) {
+            let (vals, i) = if *in_static { (img.stat, &mut at[0]) } else { (row, &mut at[1]) };
+            while *i < vals.len() && vals[*i].0 < *col {
+                *i += 1;
+            }
+            match vals.get(*i).filter(|v| v.0 == *col) {
                 None => out.push_str("null"),
-                Some(v) => ival_json(out, self.t.c(*col).ty.as_ref().ok_or(Doubt)?, v, img.items)?,
+                Some((_, v)) => ival_json(out, self.t.c(*col).ty.as_ref().ok_or(Doubt)?, v, img.items)?,
             }
         }
         out.push('}');
