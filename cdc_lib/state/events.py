@@ -244,12 +244,17 @@ def _id_bytes(out: bytearray, b: bytes) -> None:
     out += b
 
 
-def _id_del(out: bytearray, d) -> None:
-    if d is None:
+def _id_opt(out: bytearray, x, write) -> None:
+    """opt(x): 0 for None, else 1 then ``x`` as ``write(out, x)`` encodes it."""
+    if x is None:
         out.append(0)
     else:
         out.append(1)
-        out += _DEL.pack(d[0], d[1])
+        write(out, x)
+
+
+def _id_del(out: bytearray, d) -> None:
+    _id_opt(out, d, lambda o, d: o.extend(_DEL.pack(d[0], d[1])))
 
 
 def _id_cell(out: bytearray, cell) -> None:
@@ -258,11 +263,7 @@ def _id_cell(out: bytearray, cell) -> None:
 
 
 def _id_row(out: bytearray, row) -> None:
-    if row.liveness is None:
-        out.append(0)
-    else:
-        out.append(1)
-        out += _LIVENESS.pack(*row.liveness)
+    _id_opt(out, row.liveness, lambda o, lv: o.extend(_LIVENESS.pack(*lv)))
     _id_del(out, row.deletion)
     _id_del(out, row.shadowable)
     out += _U32.pack(len(row.cells))
@@ -295,12 +296,15 @@ def _id_image(out: bytearray, img: dict) -> None:
             out.append(2)
             out += _U32.pack(len(v))
             for path, value in v:
-                if path is None:
-                    out.append(0)
-                else:
-                    out.append(1)
-                    _id_bytes(out, path)
+                _id_opt(out, path, _id_bytes)
                 _id_bytes(out, value)
+
+
+def _id_after(out: bytearray, a_img) -> None:
+    """The row after the change: image(static part), opt(image(row part))."""
+    static_img, row_img = a_img
+    _id_image(out, static_img)
+    _id_opt(out, row_img, _id_image)
 
 
 def _event_id(table, pk: bytes, key, op: str, ts_us: int, expired: bool, part: PartitionState, a_img,
@@ -309,23 +313,14 @@ def _event_id(table, pk: bytes, key, op: str, ts_us: int, expired: bool, part: P
     out = bytearray(_ID_TAG)
     _id_bytes(out, (str(table.id) if table_id is None else table_id).encode())
     _id_bytes(out, pk)
-    if key is STATIC_KEY:
-        out.append(0)
-    else:
-        out.append(1)
-        _id_bytes(out, key)
+    _id_opt(out, None if key is STATIC_KEY else key, _id_bytes)
     out += op.encode()
     out += _I64.pack(ts_us)
     out.append(1 if expired else 0)
     _id_row(out, part.static)
     _id_del(out, part.deletion)
     if key is not STATIC_KEY:
-        row = part.rows.get(key)
-        if row is None:
-            out.append(0)
-        else:
-            out.append(1)
-            _id_row(out, row)
+        _id_opt(out, part.rows.get(key), _id_row)
         out += _I64.pack(_row_shadow_ts(table, part, key, None))
     else:
         # the static-only row exists or not depending on the partition's clustering rows
@@ -333,17 +328,7 @@ def _event_id(table, pk: bytes, key, op: str, ts_us: int, expired: bool, part: P
         for k in sorted(part.rows):
             _id_bytes(out, k)
             _id_row(out, part.rows[k])
-    if a_img is None:
-        out.append(0)
-    else:
-        out.append(1)
-        static_img, row_img = a_img
-        _id_image(out, static_img)
-        if row_img is None:
-            out.append(0)
-        else:
-            out.append(1)
-            _id_image(out, row_img)
+    _id_opt(out, a_img, _id_after)
     return hashlib.sha256(out).hexdigest()[:32]
 
 

@@ -407,40 +407,49 @@ impl IdInput<'_> {
     }
 
     #[inline]
+    fn i32(&mut self, x: i32) {
+        self.0.extend_from_slice(&x.to_be_bytes());
+    }
+
+    #[inline]
     fn bytes(&mut self, b: &[u8]) {
         self.u32(b.len());
         crate::columns::append(self.0, b);
     }
 
-    fn del(&mut self, d: &Option<Del>) {
-        match d {
+    /// opt(x): 0 for None, else 1 then `x` as `write` encodes it.
+    #[inline]
+    fn opt<T>(&mut self, x: Option<T>, write: impl FnOnce(&mut Self, T)) {
+        match x {
             None => self.u8(0),
-            Some((ts, ldt)) => {
+            Some(v) => {
                 self.u8(1);
-                self.i64(*ts);
-                self.i64(*ldt);
+                write(self, v);
             }
         }
     }
 
+    fn del(&mut self, d: &Option<Del>) {
+        self.opt(d.as_ref(), |w, (ts, ldt)| {
+            w.i64(*ts);
+            w.i64(*ldt);
+        });
+    }
+
     fn cell(&mut self, c: &Cell) {
         self.i64(c.ts);
-        self.0.extend_from_slice(&c.ttl.to_be_bytes());
+        self.i32(c.ttl);
         self.i64(c.ldt);
         self.u8(c.tomb as u8);
         self.bytes(&c.value);
     }
 
     fn row(&mut self, t: &Table, row: &RowState) {
-        match row.liveness {
-            None => self.u8(0),
-            Some((ts, ttl, ldt)) => {
-                self.u8(1);
-                self.i64(ts);
-                self.0.extend_from_slice(&ttl.to_be_bytes());
-                self.i64(ldt);
-            }
-        }
+        self.opt(row.liveness, |w, (ts, ttl, ldt)| {
+            w.i64(ts);
+            w.i32(ttl);
+            w.i64(ldt);
+        });
         self.del(&row.deletion);
         self.del(&row.shadowable);
         self.u32(row.cells.len());
@@ -478,13 +487,7 @@ impl IdInput<'_> {
                     let items = &items[*s as usize..*e as usize];
                     self.u32(items.len());
                     for (p, x) in items {
-                        match p {
-                            None => self.u8(0),
-                            Some(p) => {
-                                self.u8(1);
-                                self.bytes(p);
-                            }
-                        }
+                        self.opt(*p, |w, p| w.bytes(p));
                         self.bytes(x);
                     }
                 }
@@ -510,13 +513,7 @@ pub fn event_id_input(t: &Table, pk: &[u8], key: RowKey, op: u8, ts_us: i64, exp
     s.clear();
     let mut w = IdInput(s);
     w.bytes(pk);
-    match key {
-        None => w.u8(0),
-        Some(k) => {
-            w.u8(1);
-            w.bytes(&k);
-        }
-    }
+    w.opt(key, |w, k| w.bytes(&k));
     w.u8(op);
     w.i64(ts_us);
     w.u8(expired as u8);
@@ -524,13 +521,7 @@ pub fn event_id_input(t: &Table, pk: &[u8], key: RowKey, op: u8, ts_us: i64, exp
     w.del(&part.deletion);
     match key {
         Some(k) => {
-            match part.rows.get(&k) {
-                None => w.u8(0),
-                Some(row) => {
-                    w.u8(1);
-                    w.row(t, row);
-                }
-            }
+            w.opt(part.rows.get(&k), |w, row| w.row(t, row));
             w.i64(row_shadow_ts(t, part, &k)?);
         }
         None => {
@@ -542,20 +533,10 @@ pub fn event_id_input(t: &Table, pk: &[u8], key: RowKey, op: u8, ts_us: i64, exp
             }
         }
     }
-    match a_img {
-        None => w.u8(0),
-        Some(img) => {
-            w.u8(1);
-            w.image(t, img.stat, img.items);
-            match img.row {
-                None => w.u8(0),
-                Some(r) => {
-                    w.u8(1);
-                    w.image(t, r, img.items);
-                }
-            }
-        }
-    }
+    w.opt(a_img, |w, img| {
+        w.image(t, img.stat, img.items);
+        w.opt(img.row, |w, r| w.image(t, r, img.items));
+    });
     Ok(())
 }
 
