@@ -3,12 +3,12 @@
     .venv/bin/python benchmarks/engine_phases.py --changes 1000000
 
 The same batch as ``bench_merge.py`` (``UPDATE kv SET v = ?, n = ? WHERE id = ?`` on distinct ids, a fifth of them
-new; the stored rows of the others, as the state table holds them; its records in ``--order``) through ``sinks.delta.table_outputs``
-``--calls`` times in one process, with a build of ``native/`` made with the ``phase-times`` feature (cargo, on
-first use, into ``native/target/phase-times``; the installed module is not touched). That build reads the
-time-stamp counter where each phase ends (``native/src/state/phases.rs``); a sampling profiler cannot tell the
-phases apart, as they are inlined into one another. Reading the clock costs a few percent, so the figures are
-shares, not speeds: ``bench_merge.py`` times the engine.
+new; the stored rows of the others, as the state table holds them; its records in ``--order``) through
+``sinks.delta.table_outputs`` ``--calls`` times in one process, with a build of ``native/`` made with the
+``phase-times`` feature (cargo, on first use, into ``native/target/phase-times``; the installed module is not
+touched). That build reads the time-stamp counter where each phase ends (``native/src/state/phases.rs``); a sampling
+profiler cannot tell the phases apart, as they are inlined into one another. Reading the clock costs a few percent,
+so the figures are shares, not speeds: ``bench_merge.py`` times the engine.
 
 Printed per phase: its share of the engine threads' time, and about how much CPU time per change that is (the
 share of the calls' user + system CPU time; the part before the threads start and the Python around the call

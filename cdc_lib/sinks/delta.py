@@ -986,12 +986,22 @@ def table_outputs(table, cell_log: pa.Table, stored: pa.Table, now: int, *, prev
         tb = native_state.python_table(table, cell_log, records, now, prev_now=prev_now, expiring=expiring,
                                        cluster=cluster)
     states = [tb.state_rows] if tb.state_rows is not None else []
-    if not tb.python:
-        # every partition compiled: the engine's events are in publish order, with their partitions' keys
+    if tb.python:
+        events, python_states = _with_python_partitions(table, tb, now, batch_seq)
+        states += python_states
+    else:
+        # every partition compiled: the engine's events are in publish order, with their partitions' columns
         events = tb.events.select(["partition", *EVENT_FIELDS, "token", "partition_key", "idx"])
-        source = pa.concat_tables(states) if states else source_schema.empty_table()
-        return events, source, tb.changed
+    source = pa.concat_tables(states) if states else source_schema.empty_table()
+    return events, source, tb.changed
+
+
+def _with_python_partitions(table, tb, now: int, batch_seq: int) -> tuple:
+    """``table_outputs``' events when the Python engine did some of the partitions (``tb.python``): the compiled
+    engine's and its events in publish order, each with its partition's token and key and its number within the
+    partition; and the MERGE source rows of the partitions the Python engine changed."""
     parts = [tb.events.select(["partition", *EVENT_FIELDS])]
+    states = []
     for i, r in sorted(tb.python.items()):
         if r.events:
             rows = [outbox_row(table, e, "", 0, 0) for e in r.events]
@@ -1007,12 +1017,11 @@ def table_outputs(table, cell_log: pa.Table, stored: pa.Table, now: int, *, prev
     part = events.column("partition").to_numpy()
     pos = np.arange(len(part))
     first = np.maximum.accumulate(np.where(np.r_[True, part[1:] != part[:-1]], pos, 0)) if len(part) else pos
-    keys, tokens = tb.keys, tb.tokens
     at = pa.array(part, pa.int32())
-    events = (events.append_column("token", pc.take(tokens, at)).append_column("partition_key", pc.take(keys, at))
+    events = (events.append_column("token", pc.take(tb.tokens, at))
+              .append_column("partition_key", pc.take(tb.keys, at))
               .append_column("idx", pa.array(pos - first, pa.int64())))
-    source = pa.concat_tables(states) if states else source_schema.empty_table()
-    return events, source, tb.changed
+    return events, states
 
 
 def _run_store_batch_native(store, schema, cell_log_batches, *, batch_id, batch_seq, now, prev_now, cluster):

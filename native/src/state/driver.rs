@@ -612,8 +612,7 @@ fn group_partitions(pks: &[&Col], tokens: &[&Col], threads: usize) -> Grouped {
     // records already in token order (a chunk as the Spark job's shuffle sorts it): taken as they are, in runs of
     // whole tokens, with no bucket to sort
     let in_order = tokens_in_order(tokens);
-    let (sorted, bounds) = if in_order { in_log_order(tokens, n) } else { by_bucket(tokens, n) };
-    let mut sorted = sorted;
+    let (mut sorted, bounds) = if in_order { in_log_order(tokens, n) } else { by_bucket(tokens, n) };
     // contiguous buckets per thread, about as many records each (a small batch: one thread)
     let threads = threads.clamp(1, (n / 65536).max(1));
     let mut cuts: Vec<usize> = (1..threads).map(|i| bounds.partition_point(|&b| b < n * i / threads))
@@ -770,14 +769,11 @@ fn group_span(pks: &[&Col], recs: &mut [(i64, u64)], bounds: &[usize], sort: boo
     out
 }
 
-/// The partitions `order` as Arrow buffers: (binary keys, their tokens). The keys' bytes are scattered over the
-/// cell log, so they are asked for ahead.
+/// The partitions `order` as Arrow buffers: (binary keys, their tokens). For a batch that sweeps partitions the
+/// grouping did not hold (else `Grouped::keys_and_tokens` copies the grouping's keys at once).
 fn keys_and_tokens(order: &[Part]) -> (Out, Vec<i64>) {
     let mut keys = Out::var_with_capacity(order.len(), order.iter().map(|p| p.pk.len()).sum());
-    for (i, p) in order.iter().enumerate() {
-        if let Some(ahead) = order.get(i + 8) {
-            prefetch_line(ahead.pk.as_ptr());
-        }
+    for p in order {
         keys.bytes(p.pk);
     }
     (keys, order.iter().map(|p| p.token).collect())
@@ -1012,6 +1008,7 @@ fn process_run<'a>(em: &Emitter, stored: &Stored<'a>, log: &CellLog<'a>, sorted:
         let idx = first + i;
         let mut clock = Clock::start();
         let known = partition_records(log, &sorted[part.recs.clone()], &mut recs);
+        // a name not valid UTF-8 cannot be hashed into the event ids as the Python engine hashes it
         if !known || !t.names_exact {
             out.doubted.push(idx);
             continue;
