@@ -23,8 +23,9 @@ metadata, exactly as ``cdc_lib.sinks.delta`` writes it) is generated vectorised 
   predicate="id IN (...)")``), the alternative to MERGE for replacing partitions, on at most
   ``--replace-max`` keys (the keys go into an SQL IN list; delta-rs 1.6.6 segfaults parsing 200,000 of them).
 * **fresh memory**: writing as many bytes as the compiled engine's outputs (events and state rows) into memory
-  the process has not used, on two threads: the part of the engine's time that first touching its outputs
-  takes on this machine, whatever the work (measured after the upsert, so an indication, not the same pages). On a
+  the process has not used, on two threads, mapped as the engine's allocator maps it (``cdc_lib.allocator``):
+  the part of the engine's time that first touching its outputs takes on this machine, whatever the work
+  (measured after the upsert, so an indication, not the same pages). On a
   VM whose balloon reports free memory to the host, it depends on how long the memory has been free: pages the
   host took back fault in again at about 1 GB/s, pages freed a moment ago about twenty times faster.
 * **output floor** (needs cargo; ``--no-floor`` skips it): ``benchmarks/state_floor``, a small Rust program built
@@ -50,12 +51,14 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# before pyarrow, as in the pipeline's processes: importing cdc_lib settles how mimalloc maps and purges memory
+# (cdc_lib.allocator), and pyarrow's mimalloc reads that when it loads
+import cdc_lib  # noqa: E402,F401
 
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.compute as pc  # noqa: E402
 from cargo_build import cargo_build  # noqa: E402
 
 from cdc_lib.celllog.schema import CELL_LOG_SCHEMA  # noqa: E402
@@ -285,14 +288,24 @@ def in_order(cells: pa.Table, order: str) -> pa.Table:
 
 def fresh_memory_seconds(nbytes: int, threads: int = 2) -> float:
     """Seconds to write ``nbytes`` of memory this process has not used yet, on ``threads`` threads, one byte per 4
-    KB page: what first touching the engine's outputs costs on this machine, whatever work writes them. (numpy
-    advises huge pages for large arrays and lets go of the GIL while it fills.)"""
+    KB page: what first touching the engine's outputs costs on this machine, whatever work writes them. The memory
+    is mapped as the engine's allocator maps it: with transparent huge pages advised only if ``MIMALLOC_ALLOW_THP``
+    allows them (``cdc_lib.allocator``). (numpy lets go of the GIL while it fills.)"""
+    import mmap
     from concurrent.futures import ThreadPoolExecutor
-    bufs = [np.empty(nbytes // threads, np.uint8) for _ in range(threads)]
+    maps = [mmap.mmap(-1, nbytes // threads) for _ in range(threads)]
+    if os.environ.get("MIMALLOC_ALLOW_THP", "1") != "0":
+        for m in maps:
+            m.madvise(mmap.MADV_HUGEPAGE)
+    bufs = [np.frombuffer(m, np.uint8) for m in maps]
     t0 = time.perf_counter()
     with ThreadPoolExecutor(threads) as ex:
         list(ex.map(lambda b: b[::4096].fill(1), bufs))
-    return time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    del bufs
+    for m in maps:
+        m.close()
+    return seconds
 
 
 FLOOR_CRATE = Path(__file__).resolve().parent / "state_floor"

@@ -25,10 +25,14 @@ import tempfile
 import time
 from pathlib import Path
 
-import pyarrow as pa
-from cargo_build import cargo_build
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+# before pyarrow, as in the pipeline's processes: importing cdc_lib settles how mimalloc maps and purges memory
+# (cdc_lib.allocator), and pyarrow's mimalloc reads that when it loads
+import cdc_lib  # noqa: E402,F401
+
+import pyarrow as pa  # noqa: E402
+from cargo_build import cargo_build  # noqa: E402
 TARGET = ROOT / "native" / "target" / "phase-times"
 
 

@@ -211,6 +211,33 @@ def _run_table(airflow: Airflow, store) -> tuple[str, list]:
     return "\n".join(lines), rows
 
 
+# a task instance the executor has or will run: a paused DAG's scheduler schedules no other
+_WORKING = ("queued", "running", "restarting")
+
+
+def _pause_between_runs(airflow: Airflow, dag_id: str, attempts: int = 5) -> None:
+    """Pause ``dag_id`` with every run of it finished. The scheduler neither starts nor goes on with a paused DAG's
+    runs: a run it created or started just before the pause would stay queued, or running with its next tasks
+    never scheduled (a wait for every run to finish once timed out so, every run in the scheduler's log a success).
+    Such a run is let finish: unpaused until it has, then paused again."""
+    for _ in range(attempts):
+        airflow.cli("dags", "pause", dag_id)
+
+        def unfinished_runs_once_no_task_works():
+            runs = [r for r in airflow.runs(dag_id) if r["state"] not in ("success", "failed")]
+            if any(ti["state"] in _WORKING for r in runs for ti in airflow.tasks(dag_id, r["dag_run_id"])):
+                return None
+            return (runs,)
+        (left,) = airflow.wait(f"{dag_id}'s running tasks to end after the pause", unfinished_runs_once_no_task_works)
+        if not left:
+            return
+        ids = {r["dag_run_id"] for r in left}
+        airflow.cli("dags", "unpause", dag_id)
+        airflow.wait(f"{dag_id} runs the pause held back to finish: {sorted(ids)}", lambda: all(
+            r["state"] in ("success", "failed") for r in airflow.runs(dag_id) if r["dag_run_id"] in ids))
+    pytest.fail(f"{dag_id}: no pause between runs in {attempts} attempts")
+
+
 @pytest.mark.timeout(1500)
 def test_scheduled_runs_under_a_real_airflow(tmp_path, kafka_broker, s3_server, s3_bucket):
     t_start = time.monotonic()
@@ -267,9 +294,9 @@ def test_scheduled_runs_under_a_real_airflow(tmp_path, kafka_broker, s3_server, 
             return batches if any(b.snapshot for b in batches) and any(b.sweep for b in batches) else None
         batches = airflow.wait("the snapshot and sweep batches", snapshot_and_sweep_done, 360)
         timings["snapshot and sweep processed"] = time.monotonic() - t_start
-        airflow.cli("dags", "pause", "cassandra_cdc")
-        airflow.wait("the last cassandra_cdc run to finish", lambda: all(
-            r["state"] in ("success", "failed") for r in airflow.runs("cassandra_cdc")))
+        _pause_between_runs(airflow, "cassandra_cdc")
+        batches = _idle(store)      # with any batch a run took after the snapshot and the sweep
+        assert batches, "a cassandra_cdc run left a batch unfinished"
 
         table, rows = _run_table(airflow, store)
         print("\nruns (seconds per task):\n" + table)

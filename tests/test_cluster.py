@@ -343,6 +343,9 @@ def test_executors_get_the_allocator_setting_and_spark_conf_can_change_it(monkey
     monkeypatch.setenv("MIMALLOC_PURGE_DECOMMITS", "1")
     assert session_properties(PipelineConfig(store_url="/s", spark_jars="none"))[key] == "1"
     assert session_properties(PipelineConfig(store_url="/s", spark_jars="none", spark_conf={key: "0"}))[key] == "0"
+    monkeypatch.delenv("MIMALLOC_ALLOW_THP", raising=False)
+    assert session_properties(PipelineConfig(store_url="/s", spark_jars="none"))[
+        "spark.executorEnv.MIMALLOC_ALLOW_THP"] == "0"
 
 
 def test_a_sigkilled_worker_started_again_registers_with_the_master(spark_cluster):

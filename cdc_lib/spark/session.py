@@ -80,10 +80,10 @@ def stop_spark() -> None:
 
 def session_properties(config) -> dict:
     """The Spark properties of a batch for ``config``: its jars, Delta, the store's S3 settings, the allocator
-    setting for the executors, then the ``spark_conf`` setting over them (``--conf`` passthrough)."""
+    settings for the executors, then the ``spark_conf`` setting over them (``--conf`` passthrough)."""
     props = {"spark.jars": ",".join(spark_jars(config.spark_jars)), **DELTA_SESSION_CONF, **s3a_properties(config)}
-    # Executors a cluster's workers start do not inherit this process's environment: the allocator setting (its
-    # value here, the user's if they set one) goes with the job, and their pyarrow starts with it.
+    # Executors a cluster's workers start do not inherit this process's environment: the allocator settings (their
+    # values here, the user's if they set them) go with the job, and their pyarrow starts with them.
     props.update({f"spark.executorEnv.{name}": value for name, value in allocator.configure().items()})
     props.update({k: str(v) for k, v in (config.spark_conf or {}).items()})
     if not props["spark.jars"]:
