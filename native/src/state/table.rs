@@ -60,8 +60,41 @@ pub struct Table {
     /// column ids follow their names' order: ids are given in name order, and stay so unless data names an
     /// unknown column that sorts before a known one (`in_name_order`)
     ids_by_name: bool,
-    /// the columns `col` gave last: names come in runs (a row's columns, row after row)
-    recent: [ColId; 4],
+    /// the columns `col` gave last, by name: names come in runs (a row's columns, row after row)
+    recent: [(ShortName, ColId); 4],
+}
+
+/// A column name of at most 16 bytes as two words and its length, which together hold every byte of it (read as
+/// `key::eq` reads keys): a name `col` saw a moment ago is found by comparing integers, without a hash or a
+/// byte comparison. A batch's cells name the same few columns hundreds of thousands of times.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct ShortName {
+    head: u64,
+    tail: u64,
+    len: usize,
+}
+
+impl ShortName {
+    /// No name: `recent`'s free entries.
+    const NONE: ShortName = ShortName { head: 0, tail: 0, len: usize::MAX };
+
+    /// `name`'s words; None when it is longer than 16 bytes.
+    #[inline]
+    fn of(name: &[u8]) -> Option<ShortName> {
+        let (n, p) = (name.len(), name.as_ptr());
+        // SAFETY: every read is within name[..n] (unaligned reads of 8 or 4 bytes at 0 and at n - 8 or n - 4, or
+        // the first, middle and last of 1 to 3 bytes)
+        let (head, tail) = unsafe {
+            match n {
+                0 => (0, 0),
+                1..=3 => (*p as u64 | (*p.add(n / 2) as u64) << 8 | (*p.add(n - 1) as u64) << 16, 0),
+                4..=7 => (p.cast::<u32>().read_unaligned() as u64, p.add(n - 4).cast::<u32>().read_unaligned() as u64),
+                8..=16 => (p.cast::<u64>().read_unaligned(), p.add(n - 8).cast::<u64>().read_unaligned()),
+                _ => return None,
+            }
+        };
+        Some(ShortName { head, tail, len: n })
+    }
 }
 
 pub struct ColumnDesc {
@@ -78,7 +111,7 @@ impl Table {
         let mut t = Table { id_str, source_names_json, keyspace, name, cols: Vec::new(),
                             by_name: FxMap::default(), pk: Vec::new(), ck: Vec::new(), value_cols: Vec::new(),
                             typed_cols: Vec::new(), change_plan: Vec::new(),
-                            names_exact: true, ids_by_name: true, recent: [ColId::MAX; 4] };
+                            names_exact: true, ids_by_name: true, recent: [(ShortName::NONE, 0); 4] };
         let drop_times: HashMap<String, i64> = dropped.iter().map(|(n, _, t)| (n.clone(), *t)).collect();
         // ids in name order, schema and dropped columns alike: a row's cells, kept by id, are then in the order
         // the event ids and state rows list them (by name) without sorting
@@ -131,15 +164,23 @@ impl Table {
 
     /// The id of a column name (a new `Unknown` column for names the schema does not have).
     pub fn col(&mut self, name: &[u8]) -> ColId {
-        let cols = &self.cols;
-        if let Some(&id) = self.recent.iter().find(|&&id| cols.get(id as usize).is_some_and(|c| c.name.as_bytes() == name)) {
+        let short = ShortName::of(name);
+        if let Some(&(_, id)) = short.and_then(|n| self.recent.iter().find(|r| r.0 == n)) {
             return id;
         }
-        if let Some(&id) = self.by_name.get(name) {
+        let id = match self.by_name.get(name) {
+            Some(&id) => id,
+            None => self.unknown(name),
+        };
+        if let Some(n) = short {
             self.recent.rotate_right(1);
-            self.recent[0] = id;
-            return id;
+            self.recent[0] = (n, id);
         }
+        id
+    }
+
+    /// A new `Unknown` column named `name`.
+    fn unknown(&mut self, name: &[u8]) -> ColId {
         let id = self.cols.len() as ColId;
         let name_s = String::from_utf8_lossy(name).into_owned();
         if self.cols.last().is_some_and(|last| last.name > name_s) {
@@ -211,5 +252,48 @@ impl<'x, T> Iterator for NameOrder<'x, T> {
             NameOrder::AsTheyAre(i) => i.next(),
             NameOrder::Sorted(i) => i.next(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_names_are_equal_exactly_when_their_bytes_are() {
+        let data: Vec<u8> = (0..40u8).map(|i| b'a' + i % 3).collect();
+        for n in 0..=16 {
+            let a = &data[..n];
+            let mut b = a.to_vec();
+            assert!(ShortName::of(a) == ShortName::of(&b), "{n}");
+            for i in 0..n {
+                b[i] ^= 1;
+                assert!(ShortName::of(a) != ShortName::of(&b), "{n} {i}");
+                b[i] ^= 1;
+            }
+            // one byte more or less, the same first and last bytes
+            assert!(ShortName::of(a) != ShortName::of(&data[..n + 1]), "{n}");
+            let same_ends = [&a[..n.min(1)], a, &a[n.saturating_sub(1)..]].concat();
+            assert!(ShortName::of(a) != ShortName::of(&same_ends) || n == 0, "{n}");
+            assert!(ShortName::of(a) != Some(ShortName::NONE));
+        }
+        assert!(ShortName::of(&data[..17]).is_none());
+    }
+
+    #[test]
+    fn col_gives_each_name_one_id_however_names_alternate() {
+        let cols = ["a", "bb", "ccc", "dddd", "eeeee", "long_column_name_over_16"]
+            .map(|n| ColumnDesc { name: n.into(), role: Role::Regular, ty: Ty::Int(4), reversed: false });
+        let mut t = Table::new("id".into(), "ks".into(), "t".into(), cols.into(), Vec::new());
+        let names: Vec<&[u8]> = vec![b"a", b"bb", b"ccc", b"dddd", b"eeeee", b"long_column_name_over_16", b"zz", b"aa"];
+        let first: Vec<ColId> = names.iter().map(|n| t.col(n)).collect();
+        for round in 0..50usize {
+            for (k, n) in names.iter().enumerate().cycle().skip(round % 7).take(names.len() * 3) {
+                assert_eq!(t.col(n), first[k], "{}", String::from_utf8_lossy(n));
+                assert_eq!(t.lookup(n), Some(first[k]));
+            }
+        }
+        assert_eq!(t.name_of(first[6]), "zz");
+        assert_eq!(t.c(first[0]).name, "a");
     }
 }
