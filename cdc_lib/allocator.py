@@ -16,10 +16,10 @@ contiguous free memory, which a virtual machine whose host takes back the guest'
 page reporting, as on this project's machines: the kernel reports free blocks of 2 MiB and more,
 ``/sys/module/page_reporting/parameters``) gets back from the host page by page when the kernel zeroes it, while
 small pages come first from memory freed a moment ago. On such a machine the first batch of a process spent most of
-its time in the kernel zeroing huge pages (``perf`` over four engine calls in one process: a third of all samples in ``clear_page_erms``
-under ``do_huge_pmd_anonymous_page``), and a 1,000,000-change batch's engine call took 1.1-1.2 s instead of 1.6-3.4
-s (README, Benchmarks). On bare metal, huge pages save page faults and TLB misses: ``MIMALLOC_ALLOW_THP=1`` in the
-environment restores mimalloc's default.
+its time in the kernel zeroing huge pages (``perf`` over four engine calls in one process: a third of all samples in
+``clear_page_erms`` under ``do_huge_pmd_anonymous_page``), and a 1,000,000-change batch's engine call took 1.1-1.2 s
+instead of 1.6-3.4 s (README, Benchmarks). On bare metal, huge pages save page faults and TLB misses:
+``MIMALLOC_ALLOW_THP=1`` in the environment restores mimalloc's default.
 
 mimalloc reads its options once, when the library that carries it loads (pyarrow's when ``pyarrow`` is imported, the
 compiled core's when it is): the settings reach only what loads after ``cdc_lib`` is imported. A value the

@@ -993,7 +993,7 @@ fn process_run<'a>(em: &Emitter, stored: &Stored<'a>, log: &CellLog<'a>, sorted:
     // what partition i reads is asked for ahead, in steps that each need the one before done: the records'
     // offsets, then the bytes they point to, then the key's slot among the stored partitions, then the stored
     // record it names, then that record's bytes and its cells' offsets, then the cells' values. Records read
-    // forwards are left to the processor's own prefetcher: asking for them too cost about 400 instructions a
+    // forwards are left to the processor's own prefetcher: asking for them too cost about 1,000 instructions a
     // change (callgrind) for lines already on their way.
     let ahead = |i: usize, step: fn(&CellLog, &Stored, &Part, &[Rid])| {
         if let Some(p) = order.get(i) {
