@@ -37,9 +37,12 @@ import time
 import uuid
 from pathlib import Path
 
-import pyarrow as pa
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# before pyarrow, as in the pipeline's processes: importing cdc_lib settles how mimalloc maps and purges memory
+# (cdc_lib.allocator), and pyarrow's mimalloc reads that when it loads
+import cdc_lib  # noqa: E402,F401
+
+import pyarrow as pa  # noqa: E402
 
 from cdc_lib.celllog.records import mutation_records, records_to_batch  # noqa: E402
 from cdc_lib.commitlog.model import (Cell, DeletionTime, LivenessInfo, Mutation, PartitionUpdate,  # noqa: E402

@@ -27,9 +27,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import pyarrow as pa
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# before pyarrow, as in the pipeline's processes: importing cdc_lib settles how mimalloc maps and purges memory
+# (cdc_lib.allocator), and pyarrow's mimalloc reads that when it loads
+import cdc_lib  # noqa: E402,F401
+
+import pyarrow as pa  # noqa: E402
 
 from cdc_lib.sinks.delta import OUTBOX_SCHEMA, DeltaRsStateStore, read_outbox  # noqa: E402
 
