@@ -61,26 +61,27 @@ pub struct Table {
     /// unknown column that sorts before a known one (`in_name_order`)
     ids_by_name: bool,
     /// the columns `col` gave last, by name: names come in runs (a row's columns, row after row)
-    recent: [(ShortName, ColId); 4],
+    recent: [(NameKey, ColId); 4],
 }
 
-/// A column name of at most 16 bytes as two words and its length, which together hold every byte of it (read as
-/// `key::eq` reads keys): a name `col` saw a moment ago is found by comparing integers, without a hash or a
-/// byte comparison. A batch's cells name the same few columns hundreds of thousands of times.
+/// A column name's first and last bytes as two words, and its length (read as `key::eq` reads keys). A name of at
+/// most 16 bytes is all in them, so a name `col` saw a moment ago is found by comparing integers, without a hash
+/// or a byte comparison; a longer one also needs its bytes compared (`exact`). A batch's cells name the same few
+/// columns hundreds of thousands of times.
 #[derive(Clone, Copy, PartialEq, Eq)]
-struct ShortName {
+struct NameKey {
     head: u64,
     tail: u64,
     len: usize,
 }
 
-impl ShortName {
+impl NameKey {
     /// No name: `recent`'s free entries.
-    const NONE: ShortName = ShortName { head: 0, tail: 0, len: usize::MAX };
+    const NONE: NameKey = NameKey { head: 0, tail: 0, len: usize::MAX };
 
-    /// `name`'s words; None when it is longer than 16 bytes.
+    /// `name`'s words.
     #[inline]
-    fn of(name: &[u8]) -> Option<ShortName> {
+    fn of(name: &[u8]) -> NameKey {
         let (n, p) = (name.len(), name.as_ptr());
         // SAFETY: every read is within name[..n] (unaligned reads of 8 or 4 bytes at 0 and at n - 8 or n - 4, or
         // the first, middle and last of 1 to 3 bytes)
@@ -89,11 +90,16 @@ impl ShortName {
                 0 => (0, 0),
                 1..=3 => (*p as u64 | (*p.add(n / 2) as u64) << 8 | (*p.add(n - 1) as u64) << 16, 0),
                 4..=7 => (p.cast::<u32>().read_unaligned() as u64, p.add(n - 4).cast::<u32>().read_unaligned() as u64),
-                8..=16 => (p.cast::<u64>().read_unaligned(), p.add(n - 8).cast::<u64>().read_unaligned()),
-                _ => return None,
+                _ => (p.cast::<u64>().read_unaligned(), p.add(n - 8).cast::<u64>().read_unaligned()),
             }
         };
-        Some(ShortName { head, tail, len: n })
+        NameKey { head, tail, len: n }
+    }
+
+    /// Whether two names with this key are the same name: they hold every byte of one of up to 16 bytes.
+    #[inline]
+    fn exact(&self) -> bool {
+        self.len <= 16
     }
 }
 
@@ -111,7 +117,7 @@ impl Table {
         let mut t = Table { id_str, source_names_json, keyspace, name, cols: Vec::new(),
                             by_name: FxMap::default(), pk: Vec::new(), ck: Vec::new(), value_cols: Vec::new(),
                             typed_cols: Vec::new(), change_plan: Vec::new(),
-                            names_exact: true, ids_by_name: true, recent: [(ShortName::NONE, 0); 4] };
+                            names_exact: true, ids_by_name: true, recent: [(NameKey::NONE, 0); 4] };
         let drop_times: HashMap<String, i64> = dropped.iter().map(|(n, _, t)| (n.clone(), *t)).collect();
         // ids in name order, schema and dropped columns alike: a row's cells, kept by id, are then in the order
         // the event ids and state rows list them (by name) without sorting
@@ -164,18 +170,20 @@ impl Table {
 
     /// The id of a column name (a new `Unknown` column for names the schema does not have).
     pub fn col(&mut self, name: &[u8]) -> ColId {
-        let short = ShortName::of(name);
-        if let Some(&(_, id)) = short.and_then(|n| self.recent.iter().find(|r| r.0 == n)) {
-            return id;
+        let key = NameKey::of(name);
+        if let Some(&(_, id)) = self.recent.iter().find(|r| r.0 == key) {
+            // a longer name with the same ends and length may differ in the middle (or, not UTF-8, differ from
+            // the column's name; then the map, below, answers each time)
+            if key.exact() || self.cols[id as usize].name.as_bytes() == name {
+                return id;
+            }
         }
         let id = match self.by_name.get(name) {
             Some(&id) => id,
             None => self.unknown(name),
         };
-        if let Some(n) = short {
-            self.recent.rotate_right(1);
-            self.recent[0] = (n, id);
-        }
+        self.recent.rotate_right(1);
+        self.recent[0] = (key, id);
         id
     }
 
@@ -260,32 +268,34 @@ mod tests {
     use super::*;
 
     #[test]
-    fn short_names_are_equal_exactly_when_their_bytes_are() {
+    fn short_names_keys_are_equal_exactly_when_their_bytes_are() {
         let data: Vec<u8> = (0..40u8).map(|i| b'a' + i % 3).collect();
         for n in 0..=16 {
             let a = &data[..n];
             let mut b = a.to_vec();
-            assert!(ShortName::of(a) == ShortName::of(&b), "{n}");
+            assert!(NameKey::of(a) == NameKey::of(&b) && NameKey::of(a).exact(), "{n}");
             for i in 0..n {
                 b[i] ^= 1;
-                assert!(ShortName::of(a) != ShortName::of(&b), "{n} {i}");
+                assert!(NameKey::of(a) != NameKey::of(&b), "{n} {i}");
                 b[i] ^= 1;
             }
             // one byte more or less, the same first and last bytes
-            assert!(ShortName::of(a) != ShortName::of(&data[..n + 1]), "{n}");
+            assert!(NameKey::of(a) != NameKey::of(&data[..n + 1]), "{n}");
             let same_ends = [&a[..n.min(1)], a, &a[n.saturating_sub(1)..]].concat();
-            assert!(ShortName::of(a) != ShortName::of(&same_ends) || n == 0, "{n}");
-            assert!(ShortName::of(a) != Some(ShortName::NONE));
+            assert!(NameKey::of(a) != NameKey::of(&same_ends) || n == 0, "{n}");
+            assert!(NameKey::of(a) != NameKey::NONE);
         }
-        assert!(ShortName::of(&data[..17]).is_none());
+        assert!(!NameKey::of(&data[..17]).exact());
     }
 
     #[test]
     fn col_gives_each_name_one_id_however_names_alternate() {
-        let cols = ["a", "bb", "ccc", "dddd", "eeeee", "long_column_name_over_16"]
+        // the long names share their first 8 and last 8 bytes and their length: only the middle tells them apart
+        let cols = ["a", "bb", "ccc", "dddd", "eeeee", "long_column_name_over_16", "long_colXmn_name_over_16"]
             .map(|n| ColumnDesc { name: n.into(), role: Role::Regular, ty: Ty::Int(4), reversed: false });
         let mut t = Table::new("id".into(), "ks".into(), "t".into(), cols.into(), Vec::new());
-        let names: Vec<&[u8]> = vec![b"a", b"bb", b"ccc", b"dddd", b"eeeee", b"long_column_name_over_16", b"zz", b"aa"];
+        let names: Vec<&[u8]> = vec![b"a", b"bb", b"ccc", b"dddd", b"eeeee", b"long_column_name_over_16", b"zz",
+                                     b"long_colXmn_name_over_16", b"aa", b"long_colYmn_name_over_16"];
         let first: Vec<ColId> = names.iter().map(|n| t.col(n)).collect();
         for round in 0..50usize {
             for (k, n) in names.iter().enumerate().cycle().skip(round % 7).take(names.len() * 3) {
@@ -295,5 +305,8 @@ mod tests {
         }
         assert_eq!(t.name_of(first[6]), "zz");
         assert_eq!(t.c(first[0]).name, "a");
+        assert_eq!(t.name_of(first[7]), "long_colXmn_name_over_16");
+        assert_eq!(t.name_of(first[9]), "long_colYmn_name_over_16");
+        assert_eq!(first.iter().collect::<std::collections::HashSet<_>>().len(), names.len());
     }
 }
