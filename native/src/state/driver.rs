@@ -223,6 +223,8 @@ struct Slot {
     hash: u64,
     /// the partition's first record (EMPTY: a free slot)
     first: u32,
+    /// its last record, while the records are indexed (where the next one is chained): in the slot's padding
+    last: u32,
 }
 
 /// Partition key -> first stored record: an open-addressing table (linear probing, at most half full) rather
@@ -236,7 +238,7 @@ struct ByKey {
 impl ByKey {
     fn with_capacity(n: usize) -> ByKey {
         let size = (2 * n).next_power_of_two().max(16);
-        ByKey { slots: vec![Slot { hash: 0, first: EMPTY }; size], mask: size - 1 }
+        ByKey { slots: vec![Slot { hash: 0, first: EMPTY, last: EMPTY }; size], mask: size - 1 }
     }
 
     /// The slot holding `pk` (whose hash is `h`), or the free slot where it goes; `key_of` gives a record's key.
@@ -288,7 +290,7 @@ struct StoredChunk<'a> {
     cdel: [&'a Col; 3],
     /// a range tombstone's start, start_inclusive, end, end_inclusive, ts, ldt
     rt: [&'a Col; 6],
-    /// each cell's and each complex deletion's column id (`Stored::new`), read in order with the other fields
+    /// each cell's and each complex deletion's column id (`Stored::column_ids`), read in order with the other fields
     /// instead of each name read and hashed again
     cell_col_ids: Vec<ColId>,
     cdel_col_ids: Vec<ColId>,
@@ -335,9 +337,9 @@ struct Stored<'a> {
 }
 
 impl<'a> Stored<'a> {
-    /// The stored records, every column name they hold made known to `t` (not yet indexed: `index`).
-    fn new(t: &mut Table, chunks: &'a [Col]) -> Result<Stored<'a>, String> {
-        let mut chunks = chunks.iter().map(StoredChunk::new).collect::<Result<Vec<_>, _>>()?;
+    /// The stored records (their column names not yet known to the table, `column_ids`, nor indexed, `index`).
+    fn new(chunks: &'a [Col]) -> Result<Stored<'a>, String> {
+        let chunks = chunks.iter().map(StoredChunk::new).collect::<Result<Vec<_>, _>>()?;
         let longest = chunks.iter().map(|c| c.pk.len).max().unwrap_or(0);
         let row_bits = usize::BITS - longest.leading_zeros();
         // u32::MAX marks a free slot or the end of a chain: the last chunk's ids stay below it
@@ -346,12 +348,22 @@ impl<'a> Stored<'a> {
             return Err(format!("{n} stored record batches of up to {longest} records: too many to number"));
         }
         let mut starts = vec![0u32];
-        for c in &mut chunks {
+        for c in &chunks {
             starts.push(starts.last().unwrap() + c.pk.len as u32);
-            c.cell_col_ids = (0..c.cell[0].len).map(|j| t.col(c.cell[0].bytes(j))).collect();
-            c.cdel_col_ids = (0..c.cdel[0].len).map(|j| t.col(c.cdel[0].bytes(j))).collect();
         }
         Ok(Stored { chunks, row_bits, starts, by_key: ByKey::with_capacity(0), next: Vec::new() })
+    }
+
+    /// Each chunk's cells' and complex deletions' column ids, every name made known to `t` (for `set_column_ids`).
+    fn column_ids(&self, t: &mut Table) -> Vec<(Vec<ColId>, Vec<ColId>)> {
+        self.chunks.iter().map(|c| ((0..c.cell[0].len).map(|j| t.col(c.cell[0].bytes(j))).collect(),
+                                    (0..c.cdel[0].len).map(|j| t.col(c.cdel[0].bytes(j))).collect())).collect()
+    }
+
+    fn set_column_ids(&mut self, ids: Vec<(Vec<ColId>, Vec<ColId>)>) {
+        for (c, (cells, cdels)) in self.chunks.iter_mut().zip(ids) {
+            (c.cell_col_ids, c.cdel_col_ids) = (cells, cdels);
+        }
     }
 
     /// Record `r`'s chunk number and its row there.
@@ -383,20 +395,33 @@ impl<'a> Stored<'a> {
     fn index(&self) -> (ByKey, Vec<u32>) {
         let n = *self.starts.last().unwrap() as usize;
         let mut by_key = ByKey::with_capacity(n);
-        let mut last = vec![0u32; by_key.slots.len()];
         let mut next = vec![u32::MAX; n];
+        // keys are hashed `AHEAD` records before they are placed, and their slots asked for then: the table is
+        // larger than the caches, and a slot waited for at each record took most of the index's time
+        const AHEAD: usize = 8;
+        let mut hashes = [0u64; AHEAD];
         for (ci, c) in self.chunks.iter().enumerate() {
+            let ahead = |j: usize, hashes: &mut [u64; AHEAD], by_key: &ByKey| {
+                if j < c.pk.len {
+                    let h = key_hash(c.pk.bytes(j));
+                    hashes[j % AHEAD] = h;
+                    prefetch_line(&by_key.slots[h as usize & by_key.mask] as *const Slot as *const u8);
+                }
+            };
+            for j in 0..AHEAD {
+                ahead(j, &mut hashes, &by_key);
+            }
             for j in 0..c.pk.len {
-                let (pk, r) = (c.pk.bytes(j), (ci as u32) << self.row_bits | j as u32);
-                let h = key_hash(pk);
+                let (pk, r, h) = (c.pk.bytes(j), (ci as u32) << self.row_bits | j as u32, hashes[j % AHEAD]);
+                ahead(j + AHEAD, &mut hashes, &by_key);
                 let k = by_key.find(h, pk, |r| self.key(r));
                 let slot = &mut by_key.slots[k];
                 if slot.first == EMPTY {
-                    *slot = Slot { hash: h, first: r };
+                    *slot = Slot { hash: h, first: r, last: r };
                 } else {
-                    next[self.place(last[k])] = r;
+                    next[self.place(slot.last)] = r;
+                    slot.last = r;
                 }
-                last[k] = r;
             }
         }
         (by_key, next)
@@ -811,26 +836,28 @@ pub fn partition_keys(pks: &[Col], tokens: &[Col], threads: usize) -> Result<(Ou
 pub fn process_table(t: &mut Table, cell_log: &[Col], stored: &[Col], expiring: &[Vec<u8>],
                      grouping: Option<&Grouping>, s: &Settings) -> Result<Output, String> {
     let mut log = CellLog::new(cell_log)?;
-    log.intern(t);
-    let log = log;
-    let mut stored = Stored::new(t, stored)?;
-    // the records as `partition_keys` grouped them, or else grouped here while the stored records are indexed by
-    // partition
+    let mut stored = Stored::new(stored)?;
+    // the records as `partition_keys` grouped them, or else grouped here first, on every thread
     let given = grouping.and_then(|g| g.of(&log));
-    let (own, (by_key, next)) = std::thread::scope(|scope| {
-        let index = scope.spawn(|| stored.index());
-        let own = match given {
-            Some(_) => None,
-            None => {
-                let (pks, tokens) = log.key_columns();
-                Some(group_partitions(&pks, &tokens, 1))
-            }
-        };
-        (own, index.join().expect("the stored records' index panicked"))
+    let own = given.is_none().then(|| {
+        let (pks, tokens) = log.key_columns();
+        group_partitions(&pks, &tokens, s.threads)
     });
-    (stored.by_key, stored.next) = (by_key, next);
     let grouped_by = given.or(own.as_ref()).expect("given or grouped here");
-    let (mut order, sorted, forwards) = (grouped_by.parts(), &grouped_by.sorted[..], grouped_by.in_log_order);
+    // then the stored records are indexed by partition on one core while the other makes every column name known
+    // (the records', then the stored cells') and lists the partitions (unless partitions to sweep join them, below)
+    let (mut order, listed, column_ids, (by_key, next)) = std::thread::scope(|scope| {
+        let index = scope.spawn(|| stored.index());
+        log.intern(t);
+        let column_ids = stored.column_ids(t);
+        let order = grouped_by.parts();
+        let listed = expiring.is_empty().then(|| grouped_by.keys_and_tokens());
+        (order, listed, column_ids, index.join().expect("the stored records' index panicked"))
+    });
+    let log = log;
+    (stored.by_key, stored.next) = (by_key, next);
+    stored.set_column_ids(column_ids);
+    let (sorted, forwards) = (&grouped_by.sorted[..], grouped_by.in_log_order);
     let by_order = |a: &Part, b: &Part| (a.token, a.pk).cmp(&(b.token, b.pk));
     let mut swept = false;
     for pk in expiring {
@@ -846,7 +873,7 @@ pub fn process_table(t: &mut Table, cell_log: &[Col], stored: &[Col], expiring: 
         order.dedup_by(|a, b| a.pk == b.pk && a.token == b.token);
         keys_and_tokens(&order)
     } else {
-        grouped_by.keys_and_tokens()
+        listed.unwrap_or_else(|| grouped_by.keys_and_tokens())
     };
     let t: &Table = t;
     let ctx = EventCtx { cluster: s.cluster, node: "", ts_ms: s.now * 1000 };
