@@ -2,8 +2,8 @@
 //! write the outputs of the benchmark's batch, timed on as many threads as the engine uses.
 //!
 //! For each change `UPDATE kv SET v = ?, n = ? WHERE id = ?` of an existing row it writes what the compiled engine
-//! writes, at the same sizes: the event id (SHA-256 over an input as long as the id's: the table, the keys, the
-//! op, the write time, the row's cells with their timestamps and the after image, as `repr` text), the event's
+//! writes, at the same sizes: the event id (SHA-256 over the id's input, laid out as the engine's binary encoding:
+//! the table, the keys, the op, the write time, the row's cells with their timestamps and the after image), the event's
 //! JSON envelope with full `before` and `after` rows, the key JSON, and the state row's columns (typed values,
 //! the key, two cells with timestamp, TTL and local deletion time, the metadata columns), each column a buffer
 //! with its Arrow offsets. It does nothing else: no grouping of the cell log into partitions, no decoding of the
@@ -41,17 +41,10 @@ fn push_i64(out: &mut Vec<u8>, v: i64) {
     push_u64(out, v.unsigned_abs());
 }
 
-/// `repr(bytes)`, as the id's input holds keys and cell values.
-fn push_repr(out: &mut Vec<u8>, b: &[u8]) {
-    out.extend_from_slice(b"b'");
-    for &c in b {
-        if (0x20..0x7f).contains(&c) && c != b'\\' && c != b'\'' {
-            out.push(c);
-        } else {
-            out.extend_from_slice(&[b'\\', b'x', HEX[(c >> 4) as usize], HEX[(c & 15) as usize]]);
-        }
-    }
-    out.push(b'\'');
+/// A length-prefixed field of the id's input.
+fn push_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    out.extend_from_slice(&(b.len() as u32).to_be_bytes());
+    out.extend_from_slice(b);
 }
 
 /// A string or binary Arrow column: values and offsets.
@@ -137,6 +130,10 @@ impl Outputs {
 /// The outputs of changes `lo..hi` (change `i` updates row `id = 2 i`).
 fn write_changes(lo: u64, hi: u64, out: &mut Outputs) {
     let mut input: Vec<u8> = Vec::with_capacity(512);
+    // what every id's input starts with (the encoding's tag and the table id), hashed once, as the engine does
+    let mut prefix = b"cassandra-cdc event id 2\n".to_vec();
+    push_bytes(&mut prefix, b"5a1c3f00-0b4e-11ef-9f6a-6b1f7c1d2e99");
+    let id_prefix = Sha256::new_with_prefix(&prefix);
     let (mut v_old, mut v_new) = (Vec::with_capacity(24), Vec::with_capacity(24));
     for i in lo..hi {
         let id = 2 * i as i64;
@@ -149,30 +146,40 @@ fn write_changes(lo: u64, hi: u64, out: &mut Outputs) {
         v_new.extend_from_slice(b"w-");
         push_i64(&mut v_new, id);
 
-        // the event id's input: the change, the row's resulting state, the after image
+        // the event id's input, laid out as the engine's (`native/src/state/events.rs`, version 2): the key, the
+        // change, the row's resulting state (its two cells with their timestamps), the after image
         input.clear();
-        input.extend_from_slice(b"('5a1c3f00-0b4e-11ef-9f6a-6b1f7c1d2e99', ");
-        push_repr(&mut input, &pk);
-        input.extend_from_slice(b", b'', 'u', ");
-        push_i64(&mut input, TS);
-        input.extend_from_slice(b", False)(None, None, None, (), ())None(None, None, None, ((");
-        let cells = [(&b"'n'"[..], &n_new.to_be_bytes()[..]), (b"'v'", &v_new[..])];
-        for (k, (name, value)) in cells.into_iter().enumerate() {
-            if k > 0 {
-                input.extend_from_slice(b")), (");
-            }
-            input.extend_from_slice(name);
-            input.extend_from_slice(b", (");
-            push_i64(&mut input, TS);
-            input.extend_from_slice(b", 0, 2147483647, False, ");
-            push_repr(&mut input, value);
+        push_bytes(&mut input, &pk);
+        input.push(1);
+        push_bytes(&mut input, b"");
+        input.push(b'u');
+        input.extend_from_slice(&TS.to_be_bytes());
+        input.push(0);
+        // the static row (no liveness, deletions, cells), no partition deletion
+        input.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        // the row: no liveness or deletions, its cells by name
+        input.extend_from_slice(&[1, 0, 0, 0]);
+        input.extend_from_slice(&2u32.to_be_bytes());
+        let cells = [(&b"n"[..], &n_new.to_be_bytes()[..]), (b"v", &v_new[..])];
+        for (name, value) in cells {
+            push_bytes(&mut input, name);
+            input.extend_from_slice(&TS.to_be_bytes());
+            input.extend_from_slice(&0i32.to_be_bytes());
+            input.extend_from_slice(&i64::from(i32::MAX).to_be_bytes());
+            input.push(0);
+            push_bytes(&mut input, value);
         }
-        input.extend_from_slice(b"))), ())-9223372036854775808([], [('n', ");
-        push_repr(&mut input, &n_new.to_be_bytes());
-        input.extend_from_slice(b"), ('v', ");
-        push_repr(&mut input, &v_new);
-        input.extend_from_slice(b")])");
-        let digest = Sha256::digest(&input);
+        input.extend_from_slice(&0u32.to_be_bytes());
+        input.extend_from_slice(&i64::MIN.to_be_bytes());
+        // the after image: no static columns, the row's two values
+        input.extend_from_slice(&[1, 0, 0, 0, 0, 1]);
+        input.extend_from_slice(&2u32.to_be_bytes());
+        for (name, value) in cells {
+            push_bytes(&mut input, name);
+            input.push(0);
+            push_bytes(&mut input, value);
+        }
+        let digest = id_prefix.clone().chain_update(&input).finalize();
         let mut hex = [0u8; 32];
         for (k, x) in digest[..16].iter().enumerate() {
             hex[2 * k] = HEX[(x >> 4) as usize];
