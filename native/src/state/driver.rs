@@ -253,6 +253,12 @@ impl ByKey {
         }
     }
 
+    /// Start loading the slot where a key with hash `h` is looked for first.
+    #[inline]
+    fn prefetch(&self, h: u64) {
+        prefetch_line(&self.slots[h as usize & self.mask] as *const Slot as *const u8);
+    }
+
     /// The first record of the first key with hash `h`, its key not compared: what to prefetch.
     fn guess(&self, h: u64) -> Option<u32> {
         let mut i = h as usize & self.mask;
@@ -405,7 +411,7 @@ impl<'a> Stored<'a> {
                 if j < c.pk.len {
                     let h = key_hash(c.pk.bytes(j));
                     hashes[j % AHEAD] = h;
-                    prefetch_line(&by_key.slots[h as usize & by_key.mask] as *const Slot as *const u8);
+                    by_key.prefetch(h);
                 }
             };
             for j in 0..AHEAD {
@@ -435,8 +441,7 @@ impl<'a> Stored<'a> {
 
     /// Start loading the slot of partition `pk` in `by_key` (its key's bytes loaded a while before).
     fn prefetch_slot(&self, pk: &[u8]) {
-        let h = key_hash(pk);
-        prefetch_line(&self.by_key.slots[h as usize & self.by_key.mask] as *const Slot as *const u8);
+        self.by_key.prefetch(key_hash(pk));
     }
 
     /// Start loading the first stored record of partition `pk` (its slot loaded by `prefetch_slot`).
