@@ -291,6 +291,19 @@ def test_verification_reads_nothing_back_when_acknowledgements_account_for_every
     assert_exactly_once_in_order(kafka_broker, batch)
 
 
+def test_the_usual_case_skips_the_per_event_check_only_when_every_offset_is_this_attempts_in_batch_order():
+    """The verification concludes without listing every event again only when, since the intent, a partition
+    holds this attempt's events and nothing else, at consecutive offsets in batch order (``_fills``); any other
+    layout goes to the general check, which names what is wrong."""
+    from cdc_lib.sinks.kafka import _fills
+    assert _fills([5, 6, 7], 5, 8) and _fills([], 5, 5)
+    assert not _fills([5, 7, 6], 5, 8), "out of batch order"
+    assert not _fills([6, 7], 5, 8), "a record before them that is not theirs (a zombie's, a marker)"
+    assert not _fills([5, 6], 5, 8), "a record after them that is not theirs"
+    assert not _fills([5, 5, 7], 5, 8), "an offset acknowledged twice"
+    assert not _fills([], 5, 6) and not _fills([5], None, 6), "records since the intent, or a partition unseen"
+
+
 # ------------------------------------------------------------------------------------- with transactions
 
 TX_CRASH_POINTS = [("produced", 12), ("before_flush", None), ("delivered", 17)]

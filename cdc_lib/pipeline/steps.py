@@ -38,6 +38,7 @@ publisher points arrive as ``publish:<point>``); tests raise from it or ``os._ex
 """
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import time
@@ -484,9 +485,17 @@ def _outbox_events(config: PipelineConfig, root: str, batch: Batch, tally: dict,
     ids, keyspaces, tables, ops, keys, values = (
         rows.column(c).cast(as_bytes).to_pylist() if c in ("key_json", "event_json") else rows.column(c).to_pylist()
         for c in ("event_id", "keyspace", "table", "op", "key_json", "event_json"))
-    topics: dict = {}           # (keyspace, table) -> (topic, schema table)
-    counts: dict = {}           # (keyspace, table, op) -> events
     tombstones = config.publishes_tombstones
+    counts = collections.Counter(zip(keyspaces, tables, ops))     # (keyspace, table, op) -> events
+    if codec is None and not (tombstones and any(op == "d" for _, _, op in counts)):
+        # JSON and no tombstone to add (the usual case): an event per row, seq = row number, built a column at a
+        # time (2.1-2.3 us an event for 200,000 events against 3.1 us for the loop below)
+        topic_of = {pair: table_topic(config.topic_prefix, *pair) for pair in set(zip(keyspaces, tables))}
+        out = list(map(OutboxEvent, ids, map(topic_of.__getitem__, zip(keyspaces, tables)), keys, values,
+                       range(len(ids))))
+        _tally(tally, counts)
+        return out
+    topics: dict = {}           # (keyspace, table) -> (topic, schema table)
     out = []
     seq = 0
     for event_id, ks, name, op, key, value in zip(ids, keyspaces, tables, ops, keys, values):
@@ -499,17 +508,21 @@ def _outbox_events(config: PipelineConfig, root: str, batch: Batch, tally: dict,
             key, value = avro_from_json_outbox(codec, table, topic, key, value)
         out.append(OutboxEvent(event_id, topic, key, value, seq))
         seq += 1
-        counts[(ks, name, op)] = counts.get((ks, name, op), 0) + 1
         if tombstones and op == "d":
             out.append(OutboxEvent(f"{event_id}.tombstone", topic, key, None, seq))
             seq += 1
+    _tally(tally, counts)
+    return out
+
+
+def _tally(tally: dict, counts: collections.Counter) -> None:
+    """Add a batch's events per (keyspace, table, op) to the publish step's ``tally``."""
     for (ks, name, op), n in counts.items():
         tally["by_op"][op] = tally["by_op"].get(op, 0) + n
         tname = f"{ks}.{name}"
         tally["by_table"][tname] = tally["by_table"].get(tname, 0) + n
         table_ops = tally["by_table_op"].setdefault(tname, {})
         table_ops[op] = table_ops.get(op, 0) + n
-    return out
 
 
 def _avro_table(schema, keyspace: str, name: str, event_id: str):
