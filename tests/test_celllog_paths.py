@@ -12,7 +12,7 @@ import pytest
 from celllog_diff import check, reader, run  # noqa: F401 - reader is a fixture
 from cdc_lib import wire
 from cdc_lib.celllog import native, read_cell_log
-from cdc_lib.commitlog.segment import SegmentReader
+from cdc_lib.commitlog.segment import SegmentBytes, SegmentReader
 from cdc_lib.commitlog.writer import SegmentWriter
 from cdc_lib.cql.schema_from_ddl import load_cql_schema
 from cdc_lib.demo.workload import Workload, sample_schema, write_cluster_segments
@@ -88,6 +88,21 @@ def test_segment_bytes_paths_and_cut_files(corpus, reader, tmp_path):
         torn.write_bytes(raw[:cut])
         r = check(reader, [torn], schema_from_log=True)
         assert [e[3] for e in r["events"] if e[0] == "damage"] == (["torn_tail"] if is_torn else [])
+
+
+@pytest.mark.parametrize("d", ["4.0.11", "2.2-lz4-bitrot"])
+def test_segment_bytes_with_their_name_read_as_their_file(corpus, reader, d):
+    """A segment read from an object store into memory (``SegmentBytes``, as the parse step does) gives what its
+    file gives: the same records, naming the segment by its file name, and the same damage records."""
+    for src in _files(corpus, d):
+        from_file = check(reader, [src], schema_from_log=True)
+        in_memory = check(reader, [SegmentBytes(os.path.basename(src), open(src, "rb").read())], schema_from_log=True)
+        assert in_memory["events"] == from_file["events"] and in_memory["stats"] == from_file["stats"]
+        assert [b.to_pylist() for b in in_memory["batches"]] == [b.to_pylist() for b in from_file["batches"]]
+        for b in in_memory["batches"]:
+            assert set(b.column("segment").to_pylist()) == {os.path.basename(src)}
+    if d.startswith("2.2-lz4-bitrot"):
+        assert any(e[0] == "damage" for e in in_memory["events"])
 
 
 # ---------------------------------------------------------------------------------- generated segments

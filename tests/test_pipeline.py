@@ -321,22 +321,42 @@ def test_torn_segment_its_whole_entries_become_events_and_the_segment_is_quarant
             assert replayed.get((t.keyspace, t.name), {}) == json_table(t, model_table(t, kept, NOW)), t.name
 
 
-def test_remote_segments_are_read_by_their_reader_into_a_private_checked_copy():
-    """No staging through the driver: whoever decodes a segment downloads it from the store itself, into a
-    directory of its own (two tasks, or two pipelines on one machine, never share and delete each other's copy),
-    checks it against the sha256 the batch claimed it with, and removes it afterwards."""
-    import os
+def test_remote_segments_are_read_by_their_reader_into_memory_and_checked():
+    """No staging through the driver: whoever decodes a segment reads it from the store itself, into memory under
+    its file name (which carries its id), checked against the sha256 the batch claimed it with; a local segment is
+    read where it is."""
     import uuid
 
-    from cdc_lib.spark.merge_job import segment_file
+    from cdc_lib.commitlog.segment import SegmentBytes
+    from cdc_lib.spark.merge_job import segment_source
     from cdc_lib.storage.objects import VerificationError
     store = ObjectStore.from_url(f"memory://read-{uuid.uuid4().hex}")
     key = _put_segment(store, "n1", 1, size=1000)
     url, checksum = store.url_for(key), store.info(key).checksum
-    with segment_file(url, checksum, {}) as first, segment_file(url, checksum, {}) as second:
+    assert segment_source(url, checksum, {}) == SegmentBytes(_segment_name(1), bytes([1]) * 1000)
+    assert segment_source(url, None, {}).data == bytes([1]) * 1000
+    with pytest.raises(VerificationError, match=f"{url}.*sha256 {'0' * 64}"):
+        segment_source(url, "0" * 64, {})
+    assert segment_source("/data/n1/CommitLog-7-1.log", checksum, {}) == "/data/n1/CommitLog-7-1.log"
+    assert segment_source("file:///data/n1/CommitLog-7-1.log", None, {}) == "/data/n1/CommitLog-7-1.log"
+
+
+def test_remote_sstable_files_are_copied_into_a_private_checked_directory():
+    """An SSTable's reader needs its files side by side on disk: each task downloads them into a directory of its
+    own (two tasks, or two pipelines on one machine, never share and delete each other's copy), checked against
+    their sha256, and removes it afterwards."""
+    import os
+    import uuid
+
+    from cdc_lib.spark.merge_job import local_copy
+    from cdc_lib.storage.objects import VerificationError
+    store = ObjectStore.from_url(f"memory://read-{uuid.uuid4().hex}")
+    key = _put_segment(store, "n1", 1, size=1000)
+    url, checksum = store.url_for(key), store.info(key).checksum
+    with local_copy(url, checksum, {}) as first, local_copy(url, checksum, {}) as second:
         assert first != second and os.path.basename(first) == _segment_name(1)
         assert open(first, "rb").read() == open(second, "rb").read() == bytes([1]) * 1000
     assert not os.path.exists(os.path.dirname(first)) and not os.path.exists(os.path.dirname(second))
     with pytest.raises(VerificationError, match=f"{url}.*sha256 {'0' * 64}"):
-        with segment_file(url, "0" * 64, {}):
+        with local_copy(url, "0" * 64, {}):
             pass

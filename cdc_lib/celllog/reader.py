@@ -26,11 +26,12 @@ def read_cell_log(paths, schema=None, *, schema_from_log: bool = False, keys=Non
                   cdc_only: bool = False):
     """Arrow batches (CELL_LOG_SCHEMA) of the user-table cells of ``paths``, in file order.
 
-    ``paths``: one segment or an iterable of them, each a path (str, bytes or os.PathLike) or a segment's bytes
-    (``commitlog.segment.is_segment_bytes``). Mutations of system keyspaces are not user data and are skipped,
-    counted in ``system_entries`` (``system_schema`` ones update the schema when ``schema_from_log``), also those
-    of system tables the schema does not describe (``system.local`` and the like:
-    ``cql.system_schema.is_system_table_id``); any other unknown table id is Damage (``unknown_table``). Each
+    ``paths``: one segment or an iterable of them, each a path (str, bytes or os.PathLike), a segment's bytes
+    (``commitlog.segment.is_segment_bytes``) or its bytes with its name (``commitlog.segment.SegmentBytes``).
+    Mutations of system keyspaces are not user data and are skipped, counted in ``system_entries``
+    (``system_schema`` ones update the schema when ``schema_from_log``), also those of system tables the schema
+    does not describe (``system.local`` and the like: ``cql.system_schema.is_system_table_id``); any other unknown
+    table id is Damage (``unknown_table``). Each
     Damage goes to ``on_damage`` (required: the caller quarantines it; nothing is dropped here); with ``strict``
     the first one that means damaged bytes is raised instead. ``stats`` (a dict) receives counters.
     ``entry_index`` counts partition updates per segment. A batch closes after the entry that brings it to

@@ -164,9 +164,18 @@ def is_segment_bytes(source) -> bool:
     return isinstance(source, bytes) and (not source or b"\0" in source)
 
 
+@dataclass(frozen=True)
+class SegmentBytes:
+    """A segment's contents with its file name (``CommitLog-<version>-<id>.log``): a segment read from an object
+    store into memory, which readers name as they would its file."""
+    name: str
+    data: bytes
+
+
 def segment_sources(paths) -> list:
-    """The segments of a ``paths`` argument: one path or segment's bytes, or an iterable of them."""
-    if isinstance(paths, (str, bytes, bytearray, memoryview)) or hasattr(paths, "__fspath__"):
+    """The segments of a ``paths`` argument: one path, segment's bytes or ``SegmentBytes``, or an iterable of
+    them."""
+    if isinstance(paths, (str, bytes, bytearray, memoryview, SegmentBytes)) or hasattr(paths, "__fspath__"):
         return [paths]
     return list(paths)
 
@@ -174,16 +183,20 @@ def segment_sources(paths) -> list:
 class SegmentReader:
     """Iterate a segment's entries and damage records, in file order.
 
-    ``source`` is a path or the segment's bytes (then give ``name``; see ``is_segment_bytes``). ``start``: skip
-    entries ending at or before this logical position (the last position already processed); ``stop``: read only
-    entries that end at or before it (the synced offset from ``_cdc.idx`` for a live segment). ``keys`` are the
-    ``commitlog.encryption.EncryptionKeys`` for encrypted segments.
+    ``source`` is a path, the segment's bytes (then give ``name``; see ``is_segment_bytes``) or ``SegmentBytes``
+    (named as it says unless ``name`` is given). ``start``: skip entries ending at or before this logical position
+    (the last position already processed); ``stop``: read only entries that end at or before it (the synced offset
+    from ``_cdc.idx`` for a live segment). ``keys`` are the ``commitlog.encryption.EncryptionKeys`` for encrypted
+    segments.
     """
 
     def __init__(self, source, *, name: str | None = None, keys=None, start: int | None = None,
                  stop: int | None = None, strict: bool = False):
         self._path = None
-        if is_segment_bytes(source):
+        if isinstance(source, SegmentBytes):
+            self._buf = source.data
+            self.name = name or source.name
+        elif is_segment_bytes(source):
             self._buf = source
             self.name = name or "<bytes>"
         else:
