@@ -341,22 +341,30 @@ def test_remote_segments_are_read_by_their_reader_into_memory_and_checked():
     assert segment_source("file:///data/n1/CommitLog-7-1.log", None, {}) == "/data/n1/CommitLog-7-1.log"
 
 
-def test_remote_sstable_files_are_copied_into_a_private_checked_directory():
-    """An SSTable's reader needs its files side by side on disk: each task downloads them into a directory of its
-    own (two tasks, or two pipelines on one machine, never share and delete each other's copy), checked against
-    their sha256, and removes it afterwards."""
+def test_remote_sstable_files_are_downloaded_side_by_side_into_a_private_checked_directory():
+    """An SSTable's reader needs its files side by side on disk, under ``<keyspace>/<table>-<id>/``: each task
+    downloads them into a directory of its own (two tasks, or two pipelines on one machine, never share and delete
+    each other's copy), each checked against its sha256, and removes it afterwards."""
     import os
     import uuid
 
-    from cdc_lib.spark.merge_job import local_copy
+    from cdc_lib.spark.merge_job import sstable_directory
     from cdc_lib.storage.objects import VerificationError
     store = ObjectStore.from_url(f"memory://read-{uuid.uuid4().hex}")
-    key = _put_segment(store, "n1", 1, size=1000)
-    url, checksum = store.url_for(key), store.info(key).checksum
-    with local_copy(url, checksum, {}) as first, local_copy(url, checksum, {}) as second:
-        assert first != second and os.path.basename(first) == _segment_name(1)
-        assert open(first, "rb").read() == open(second, "rb").read() == bytes([1]) * 1000
-    assert not os.path.exists(os.path.dirname(first)) and not os.path.exists(os.path.dirname(second))
-    with pytest.raises(VerificationError, match=f"{url}.*sha256 {'0' * 64}"):
-        with local_copy(url, "0" * 64, {}):
+    files = []
+    for name, data in (("nb-1-big-Data.db", b"data" * 300), ("nb-1-big-Statistics.db", b"stats")):
+        key = f"snapshots/n1/ks/t-1234/{name}"
+        store.put_bytes(key, data, checksum=sha256_bytes(data))
+        files.append({"name": name, "dir": "ks/t-1234", "path": store.url_for(key), "checksum": sha256_bytes(data)})
+    src = {"files": files}
+    with sstable_directory(src, {}) as first, sstable_directory(src, {}) as second:
+        assert first != second
+        for path in (first, second):
+            assert path.endswith(os.path.join("ks", "t-1234", "nb-1-big-Data.db"))
+            assert open(path, "rb").read() == b"data" * 300
+            assert open(os.path.join(os.path.dirname(path), "nb-1-big-Statistics.db"), "rb").read() == b"stats"
+    assert not os.path.exists(first) and not os.path.exists(second)
+    bad = {"files": [files[0], {**files[1], "checksum": "0" * 64}]}
+    with pytest.raises(VerificationError, match=f"{files[1]['path']}.*sha256 {'0' * 64}"):
+        with sstable_directory(bad, {}):
             pass

@@ -177,32 +177,18 @@ def segment_source(source: str, checksum: Optional[str], store_options: dict):
     return SegmentBytes(source.rsplit("/", 1)[-1], data)
 
 
-@contextmanager
-def local_copy(source: str, checksum: Optional[str], store_options: dict):
-    """A local file with the bytes of ``source`` (an SSTable component): a local path as it is; an object-store
-    URL downloaded into a new private directory (removed afterwards) and checked against ``checksum`` (sha256 hex)
-    when given.
-
-    The copy keeps the file's name. Every task and every attempt gets its own directory: two tasks, or two
-    pipelines on one machine, never share (and delete) each other's copy.
-    """
-    if "://" not in source or source.startswith("file://"):
-        yield source.removeprefix("file://")
-        return
+def _download(source: str, checksum: Optional[str], store_options: dict, path: str) -> None:
+    """Write the bytes of ``source`` (an object-store URL) to the new file ``path``, checked against ``checksum``
+    (sha256 hex) when given."""
     import hashlib
 
     import fsspec
-
-    from .scratch import private_dir
-    with private_dir("segment", many=True) as directory:  # a killed task's copy: removed by the next task
-        path = os.path.join(directory, source.rsplit("/", 1)[-1])
-        digest = hashlib.sha256()
-        with fsspec.open(source, "rb", **store_options) as src, open(path, "wb") as out:
-            while chunk := src.read(1 << 20):
-                digest.update(chunk)
-                out.write(chunk)
-        _check_download(source, digest.hexdigest(), checksum)
-        yield path
+    digest = hashlib.sha256()
+    with fsspec.open(source, "rb", **store_options) as src, open(path, "xb") as out:
+        while chunk := src.read(1 << 20):
+            digest.update(chunk)
+            out.write(chunk)
+    _check_download(source, digest.hexdigest(), checksum)
 
 
 def _check_download(source: str, digest: str, checksum: Optional[str]) -> None:
@@ -295,15 +281,12 @@ def sstable_directory(src: dict, store_options: dict):
     if "://" not in data["path"] or data["path"].startswith("file://"):
         yield data["path"].removeprefix("file://")
         return
-    import shutil
-
     from .scratch import private_dir
-    with private_dir("sstable", many=True) as directory:
+    with private_dir("sstable", many=True) as directory:    # a killed task's copy: removed by the next task
         target = os.path.join(directory, *data["dir"].split("/"))
         os.makedirs(target)
         for f in src["files"]:
-            with local_copy(f["path"], f["checksum"], store_options) as local:
-                shutil.copyfile(local, os.path.join(target, f["name"]))
+            _download(f["path"], f["checksum"], store_options, os.path.join(target, f["name"]))
         yield os.path.join(target, data["name"])
 
 
