@@ -94,6 +94,7 @@ def test_segment_bytes_paths_and_cut_files(corpus, reader, tmp_path):
 def test_segment_bytes_with_their_name_read_as_their_file(corpus, reader, d):
     """A segment read from an object store into memory (``SegmentBytes``, as the parse step does) gives what its
     file gives: the same records, naming the segment by its file name, and the same damage records."""
+    damage = []
     for src in _files(corpus, d):
         from_file = check(reader, [src], schema_from_log=True)
         in_memory = check(reader, [SegmentBytes(os.path.basename(src), open(src, "rb").read())], schema_from_log=True)
@@ -101,8 +102,10 @@ def test_segment_bytes_with_their_name_read_as_their_file(corpus, reader, d):
         assert [b.to_pylist() for b in in_memory["batches"]] == [b.to_pylist() for b in from_file["batches"]]
         for b in in_memory["batches"]:
             assert set(b.column("segment").to_pylist()) == {os.path.basename(src)}
-    if d.startswith("2.2-lz4-bitrot"):
-        assert any(e[0] == "damage" for e in in_memory["events"])
+        damage += [e for e in in_memory["events"] if e[0] == "damage"]
+    # the damaged corpus segment's damage records name it as its file does
+    assert bool(damage) == d.startswith("2.2-lz4-bitrot")
+    assert all(e[1] in {os.path.basename(f) for f in _files(corpus, d)} for e in damage)
 
 
 # ---------------------------------------------------------------------------------- generated segments
