@@ -188,15 +188,16 @@ def _download(source: str, checksum: Optional[str], store_options: dict, path: s
         while chunk := src.read(1 << 20):
             digest.update(chunk)
             out.write(chunk)
-    _check_download(source, digest.hexdigest(), checksum)
+    _check_download(source, digest.hexdigest(), checksum, "file")
 
 
-def _check_download(source: str, digest: str, checksum: Optional[str]) -> None:
-    """VerificationError when the bytes read of ``source`` (sha256 ``digest``) are not those it was claimed with."""
+def _check_download(source: str, digest: str, checksum: Optional[str], what: str = "segment") -> None:
+    """VerificationError when the copy read of ``source`` (sha256 ``digest``) is not what the batch claimed (a
+    ``what`` with sha256 ``checksum``)."""
     from cdc_lib.storage.objects import VerificationError
     if checksum is not None and digest != checksum:
-        raise VerificationError(f"{source}: the bytes read hash to {digest}, the batch claimed them with sha256 "
-                                f"{checksum}")
+        raise VerificationError(f"{source}: the copy read hashes to {digest}, the batch claimed the {what} with "
+                                f"sha256 {checksum}")
 
 
 def _parse_sources(schema, store_url: str, store_options: dict, cluster: str, batch_id: str, scan_settings=None,
