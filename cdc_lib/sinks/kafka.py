@@ -349,7 +349,6 @@ class KafkaPublisher:
                 except BufferError:
                     self._produce(e, headers, report)
                 if per_event:
-                    result.produced = i + 1
                     fault("produced", index=i, count=count)
             result.produced = count
             self._fault("before_flush")

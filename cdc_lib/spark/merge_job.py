@@ -166,14 +166,13 @@ def segment_source(source: str, checksum: Optional[str], store_options: dict):
     """
     if "://" not in source or source.startswith("file://"):
         return source.removeprefix("file://")
-    import hashlib
-
     import fsspec
 
     from cdc_lib.commitlog.segment import SegmentBytes
+    from cdc_lib.storage.objects import sha256_bytes
     fs, path = fsspec.core.url_to_fs(source, **store_options)
     data = fs.cat_file(path)
-    _check_download(source, hashlib.sha256(data).hexdigest(), checksum)
+    _check_download(source, sha256_bytes(data), checksum)
     return SegmentBytes(source.rsplit("/", 1)[-1], data)
 
 
