@@ -72,18 +72,20 @@ fi
 # --- 3b. the compiled core (cdc_native): native/, a Rust crate built by maturin (pinned in native/pyproject.toml,
 # fetched from PyPI by pip for the build) with the crates pinned in native/Cargo.lock. Optional: without cargo the
 # package runs pure Python (same output, slower). Built once, then only when native/ changes (its hash is stamped
-# in the venv). CASSANDRA_CDC_NATIVE=1 makes a missing Rust toolchain an error here (and at run time).
+# in the venv). CASSANDRA_CDC_NATIVE=1 makes a missing Rust toolchain an error here (and at run time); the build is
+# profile-guided when the toolchain allows (native/build.py; CASSANDRA_CDC_NATIVE_PGO=0 builds plain, =1 requires it).
 NATIVE_STAMP="$VENV/.cassandra-cdc-native"
-native_want="$(cd native && cat Cargo.toml Cargo.lock pyproject.toml $(find src -name '*.rs' | LC_ALL=C sort) \
-               | sha256sum | cut -d' ' -f1)"
+native_want="$(cd native && cat Cargo.toml Cargo.lock pyproject.toml build.py pgo_train.py \
+               $(find src -name '*.rs' | LC_ALL=C sort) | sha256sum | cut -d' ' -f1)-pgo=${CASSANDRA_CDC_NATIVE_PGO:-auto}"
 if [ -f "$NATIVE_STAMP" ] && [ "$(cat "$NATIVE_STAMP")" = "$native_want" ] && "$VPY" -c 'import cdc_native' 2>/dev/null; then
     log "compiled core up to date (native/ unchanged since it was built)"
 elif command -v cargo >/dev/null; then
-    log "building the compiled core (native/, Rust) with maturin: about a minute of CPU the first time"
+    log "building the compiled core (native/, Rust; profile-guided where the toolchain can: native/build.py)"
     start=$SECONDS
-    pip_install ./native || die "could not build native/ (see above); CASSANDRA_CDC_NATIVE=0 runs without it"
+    "$VPY" native/build.py 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2) \
+        || die "could not build native/ (see above); CASSANDRA_CDC_NATIVE=0 runs without it"
     echo "$native_want" > "$NATIVE_STAMP"
-    log "compiled core built in $((SECONDS - start)) s"
+    log "compiled core built in $((SECONDS - start)) s ($("$VPY" -c 'import cdc_native as n; print("profile-guided" if getattr(n, "PROFILE_GUIDED", False) else "plain build")'))"
 elif [ "${CASSANDRA_CDC_NATIVE:-auto}" = "1" ]; then
     die "CASSANDRA_CDC_NATIVE=1 but there is no cargo to build the compiled core (https://rustup.rs)"
 else

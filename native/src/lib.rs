@@ -646,6 +646,8 @@ fn cdc_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MODE_UNKNOWN", decode::MODE_UNKNOWN)?;
     m.add("MODE_SYSTEM_UNKNOWN", decode::MODE_SYSTEM_UNKNOWN)?;
     m.add("VERSION", env!("CARGO_PKG_VERSION"))?;
+    // set by native/build.py for the build that uses its training profile (-Cprofile-use)
+    m.add("PROFILE_GUIDED", option_env!("CDC_NATIVE_PROFILE_GUIDED") == Some("1"))?;
     m.add("API", API)?;
     Ok(())
 }
