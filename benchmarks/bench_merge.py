@@ -407,6 +407,10 @@ def main(argv=None) -> int:
         plain_s = time.perf_counter() - t0
 
         print(f"state rows {a.state_rows:,}, changes {a.changes:,} ({n_new:,} new)")
+        if "native" in a.engines.split(","):
+            import cdc_native
+            print("compiled engine: " + ("profile-guided build (native/build.py)" if getattr(
+                cdc_native, "PROFILE_GUIDED", False) else "plain build (not profile-guided: native/build.py)"))
         for engine, (cdc, events, timings, fine, _) in results.items():
             print(f"cdc merge ({engine}) {cdc:8.1f} s  {a.changes / cdc:12,.0f} changes/s  ({events:,} events)")
             for k, v in timings.items():
