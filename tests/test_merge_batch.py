@@ -404,3 +404,25 @@ def test_the_partition_order_is_arrows_stable_sort_by_table_token_key_and_index(
         rows = pa.table({"table_id": tids, "row": list(range(len(tids)))})
         assert [(tid, part.column("row").to_pylist()) for tid, part in _table_runs(rows)] == \
             [(tid, [i for i, x in enumerate(tids) if x == tid]) for tid in dict.fromkeys(tids)]
+
+
+def test_the_copy_into_partition_order_on_several_threads_is_arrows_take(monkeypatch):
+    """The group step's copy of a batch (``_take``: its columns on several threads) is ``Table.take``: every column
+    in its place, of every type, from chunked columns, nulls kept; and on one core it is ``Table.take`` itself."""
+    import numpy as np
+    import pyarrow as pa
+
+    from cdc_lib.spark import merge_job as mb
+    n = 100_000
+    rng = np.random.default_rng(3)
+    half = pa.table({"token": pa.array(rng.integers(-2**63, 2**63 - 1, n, dtype=np.int64)),
+                     "partition_key": pa.array([i.to_bytes(4, "big") for i in range(n)], pa.binary()),
+                     "kind": pa.array(["row" if i % 3 else None for i in range(n)], pa.string()),
+                     "ttl": pa.array(rng.integers(0, 99, n, dtype=np.int32)),
+                     "is_static": pa.array(rng.integers(0, 2, n).astype(bool))})
+    table = pa.concat_tables([half, half.slice(7)])          # chunked columns
+    order = rng.permutation(table.num_rows)
+    monkeypatch.setattr(mb.os, "cpu_count", lambda: 2)
+    assert mb._take(table, order).equals(table.take(order))
+    monkeypatch.setattr(mb.os, "cpu_count", lambda: 1)
+    assert mb._take(table, order).equals(table.take(order))
