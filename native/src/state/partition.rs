@@ -9,7 +9,7 @@
 use super::engine::{apply_record, Changed, Kind, PartitionState, Rec, RowState};
 use super::events::Emitter;
 use super::images::{ImageSet, RowKey};
-use super::key::Ck;
+use super::key::{self, Ck};
 use super::out::Events;
 use super::phases::{Clock, Phase};
 use super::types::D;
@@ -75,7 +75,7 @@ impl<'a> Work<'a> {
             return;
         }
         let first = recs[0].mid;
-        if recs.iter().all(|r| r.mid == first) {
+        if recs.iter().all(|r| key::opt_eq(r.mid, first)) {
             self.order.extend(0..recs.len());
             self.changes.push((recs.iter().map(|r| r.ts).max().unwrap(), recs.len()));
             return;
@@ -84,7 +84,7 @@ impl<'a> Work<'a> {
         let mut groups: Vec<(i64, &[u8], usize)> = Vec::new();
         let mut group_of: Vec<usize> = Vec::with_capacity(recs.len());
         for (i, r) in recs.iter().enumerate() {
-            match (0..groups.len()).find(|&g| recs[groups[g].2].mid == r.mid) {
+            match (0..groups.len()).find(|&g| key::opt_eq(recs[groups[g].2].mid, r.mid)) {
                 Some(g) => {
                     groups[g].0 = groups[g].0.max(r.ts);
                     group_of.push(g);
