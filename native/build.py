@@ -34,6 +34,7 @@ ROOT = NATIVE.parent
 ENV = "CASSANDRA_CDC_NATIVE_PGO"
 PGO_DIR = NATIVE / "target" / "pgo"                # the instrumented build, its counts and the merged profile
 TRAINING_TIMEOUT_S = 900
+RUSTUP_TIMEOUT_S = 180          # fetching llvm-tools (about 30 MB) from rustup's distribution server
 
 
 class CannotProfile(Exception):
@@ -72,9 +73,12 @@ def find_llvm_profdata() -> str:
     bundled = Path(sysroot) / "lib" / "rustlib" / host / "bin" / "llvm-profdata"
     if not bundled.exists() and shutil.which("rustup"):
         log("adding rustup's llvm-tools component (llvm-profdata, to merge the training counts)")
-        added = _run(["rustup", "component", "add", "llvm-tools"], timeout=600, cwd=NATIVE)
-        if added.returncode != 0:
-            log(f"rustup could not add llvm-tools: {added.stderr.strip()[-400:]}")
+        try:
+            added = _run(["rustup", "component", "add", "llvm-tools"], timeout=RUSTUP_TIMEOUT_S, cwd=NATIVE)
+            if added.returncode != 0:
+                log(f"rustup could not add llvm-tools: {added.stderr.strip()[-400:]}")
+        except subprocess.TimeoutExpired:
+            log(f"rustup did not add llvm-tools within {RUSTUP_TIMEOUT_S} s (offline?)")
     if bundled.exists():
         return str(bundled)
     for name in (f"llvm-profdata-{major}", "llvm-profdata"):

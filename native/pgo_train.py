@@ -65,7 +65,7 @@ def demo_batches(work: Path, mutations: int = NODES_MUTATIONS) -> int:
     plain = write_cluster_segments(work / "segments", schema, mutations, seed=11, segment_size=1 << 20)
     lz4 = write_cluster_segments(work / "segments-lz4", schema, max(1, mutations // 4), seed=12,
                                  compression="LZ4Compressor", segment_id_base=1_764_000_000_000)
-    _cells([p for ps in lz4.segments.values() for p in ps], schema)
+    _cells([p for ps in lz4.segments.values() for p in ps], schema)       # decoded only: the LZ4 sections' path
     store = DeltaRsStateStore(str(work / "delta"))
     first, second = _segments(plain)
     t0 = START_US // 1_000_000
@@ -124,8 +124,9 @@ def kv_batches(work: Path, rows: int = KV_ROWS) -> int:
                     writer.close()
                     paths.append(writer.path)
                     writer = None
-        writer.close()
-        paths.append(writer.path)
+        if writer is not None:
+            writer.close()
+            paths.append(writer.path)
         res = run_store_batch(store, schema, _cells(paths, schema), batch_id=f"kv-{seq}", batch_seq=seq,
                               now=ts // 1_000_000 + 10)
         events += res["events"]
