@@ -1,7 +1,7 @@
 """Build the compiled core (``cdc_native``) and install it into the running Python: profile-guided when the Rust
 toolchain can, a plain release build otherwise. ``scripts/setup.sh`` runs it with the project's ``.venv``.
 
-    .venv/bin/python native/build.py [--pgo auto|1|0]
+    .venv/bin/python native/build.py [--pgo auto|1|0] [--wheel DIR]
 
 A profile-guided build (PGO) is three steps: the crate built with instrumentation (``-Cprofile-generate``); that
 build run on ``native/pgo_train.py``, which pushes a pipeline's work through it (decoding generated segments of
@@ -151,17 +151,23 @@ def make_profile() -> Path:
     return merged_profile(profdata, counts)
 
 
-def install(profile: Path | None) -> bool:
-    """``pip install ./native`` (maturin), with ``profile`` for a profile-guided build: whether it built."""
+def install(profile: Path | None, wheel_dir: Path | None = None) -> bool:
+    """``pip install ./native`` (maturin), with ``profile`` for a profile-guided build, or with ``wheel_dir`` the
+    wheel built into it instead (``pip wheel``: for Spark executors and other machines): whether it built."""
     env = dict(os.environ)
     env.pop("CDC_NATIVE_PROFILE_GUIDED", None)
     if profile is not None:
         env["RUSTFLAGS"] = f"{env.get('RUSTFLAGS', '')} -Cprofile-use={profile}".strip()
         env["CDC_NATIVE_PROFILE_GUIDED"] = "1"      # read by the crate at build time: cdc_native.PROFILE_GUIDED
-    log(f"building and installing cdc_native ({'profile-guided' if profile else 'plain release build'})")
-    built = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                            str(NATIVE)], env=env, check=False)
-    return built.returncode == 0
+    kind = "profile-guided" if profile else "plain release build"
+    pip = [sys.executable, "-m", "pip"]
+    if wheel_dir is None:
+        log(f"building and installing cdc_native ({kind})")
+        pip += ["install", "-q", "--disable-pip-version-check", str(NATIVE)]
+    else:
+        log(f"building the cdc_native wheel into {wheel_dir} ({kind})")
+        pip += ["wheel", "-q", "--disable-pip-version-check", "--no-deps", "-w", str(wheel_dir), str(NATIVE)]
+    return subprocess.run(pip, env=env, check=False).returncode == 0
 
 
 def main(argv=None) -> int:
@@ -169,6 +175,9 @@ def main(argv=None) -> int:
     p.add_argument("--pgo", choices=("auto", "1", "0"), default=os.environ.get(ENV, "auto").strip() or "auto",
                    help=f"profile-guided build: auto (when the toolchain can), 1 (required), 0 (plain); default "
                         f"${ENV} or auto")
+    p.add_argument("--wheel", metavar="DIR", type=Path, default=None,
+                   help="build the wheel into DIR instead of installing it (abi3: one per platform, for every "
+                        "CPython >= 3.11; for Spark executors)")
     a = p.parse_args(argv)
     profile = None
     if a.pgo != "0":
@@ -178,11 +187,11 @@ def main(argv=None) -> int:
             if a.pgo == "1":
                 raise SystemExit(f"[native] a profile-guided build was required ({ENV}=1) and cannot be made: {e}")
             log(f"no profile-guided build ({e}); building plain: same outputs, slower (README, Benchmarks)")
-    if install(profile):
+    if install(profile, a.wheel):
         return 0
     if profile is not None and a.pgo == "auto":
         log("the profile-guided build failed (see above); building plain")
-        if install(None):
+        if install(None, a.wheel):
             return 0
     raise SystemExit(f"could not build native/ (see above); {ENV}=0 builds without a profile, "
                      "CASSANDRA_CDC_NATIVE=0 runs without the compiled core")

@@ -22,8 +22,8 @@ pub fn eq(a: &[u8], b: &[u8]) -> bool {
         return true;
     }
     let (p, q) = (a.as_ptr(), b.as_ptr());
-    // SAFETY: every read is within a[..n] and b[..n] (unaligned reads of 8 or 4 bytes at 0, 8 and n - 16 when
-    // n >= 16, at n - 8 or n - 4)
+    // SAFETY: every read is within a[..n] and b[..n] (unaligned reads of 8 or 4 bytes: at 0, 8, n - 16 and n - 8
+    // for n of 17 to 32; at 0 and n - 8 or n - 4 below that)
     unsafe {
         if (17..=32).contains(&n) {
             // segment names ("CommitLog-7-1763000000001.log"), mutation ids: inline, without a call to memcmp
