@@ -1,5 +1,6 @@
-"""Build the compiled core (``cdc_native``) and install it into the running Python: profile-guided when the Rust
-toolchain can, a plain release build otherwise. ``scripts/setup.sh`` runs it with the project's ``.venv``.
+"""Build the compiled core (``cdc_native``) and install it into the running Python (or build its wheel):
+profile-guided when the Rust toolchain can, a plain release build otherwise. ``scripts/setup.sh`` runs it with the
+project's ``.venv``.
 
     .venv/bin/python native/build.py [--pgo auto|1|0] [--wheel DIR]
 
@@ -138,8 +139,9 @@ def merged_profile(profdata: str, counts: Path) -> Path:
 
 def make_profile() -> Path:
     """The merged profile of a training run of an instrumented build (raises CannotProfile)."""
-    if shutil.which("cargo") is None:
-        raise CannotProfile("no cargo")
+    missing = [tool for tool in ("cargo", "rustc") if shutil.which(tool) is None]
+    if missing:
+        raise CannotProfile(f"no {' and no '.join(missing)} on PATH")
     profdata = find_llvm_profdata()
     counts = PGO_DIR / "counts"
     shutil.rmtree(counts, ignore_errors=True)
