@@ -181,6 +181,8 @@ def main(argv=None) -> int:
                    help="build the wheel into DIR instead of installing it (abi3: one per platform, for every "
                         "CPython >= 3.11; for Spark executors)")
     a = p.parse_args(argv)
+    if a.pgo not in ("auto", "1", "0"):       # a default from the environment skips argparse's own check
+        p.error(f"{ENV} must be auto, 1 or 0, not {a.pgo!r}")
     profile = None
     if a.pgo != "0":
         try:
