@@ -84,49 +84,42 @@ CREATE TABLE train.kv (id bigint PRIMARY KEY, v text, n int) WITH ID = 5a1c3f00-
 """
 
 
+class _KvWrites:
+    """``write_cluster_segments``' workload for the key-value table: row i's write, in order (an INSERT with its row
+    marker, or an UPDATE of the cells only)."""
+
+    def __init__(self, schema, ts: int, insert: bool, tag: str):
+        import random
+        self.table, self.ts, self.insert, self.tag = schema.by_name("train", "kv"), ts, insert, tag
+        self.rnd, self.i = random.Random(5), 0
+
+    def next_mutation(self):
+        from cdc_lib.commitlog.model import Cell, LivenessInfo, Mutation, PartitionUpdate, Row
+        from cdc_lib.commitlog.mutation import finish_update
+        from cdc_lib.demo.workload import encode_value
+        cols, i, ts = self.table.columns, self.i, self.ts + self.i
+        self.i += 1
+        cells = [Cell("n", encode_value(cols["n"].type, self.rnd.randrange(1 << 30)), ts),
+                 Cell("v", encode_value(cols["v"].type, f"value {self.tag}-{i:08d}"), ts)]
+        row = Row((), liveness=LivenessInfo(ts) if self.insert else None, cells=cells)
+        key = encode_value(cols["id"].type, i * 7919)
+        return Mutation([finish_update(PartitionUpdate(self.table.id, key, self.table, unfiltereds=[row]))])
+
+
 def kv_batches(work: Path, rows: int = KV_ROWS) -> int:
     """``rows`` inserts, then an update of each: the second batch replaces stored rows one for one."""
-    import random
-
-    from cdc_lib.commitlog.model import Cell, LivenessInfo, Mutation, PartitionUpdate, Row
-    from cdc_lib.commitlog.mutation import encode_mutation, finish_update
-    from cdc_lib.commitlog.writer import SegmentFull, SegmentWriter
     from cdc_lib.cql.schema_from_ddl import load_cql_schema
-    from cdc_lib.demo.workload import START_US, encode_value
+    from cdc_lib.demo.workload import START_US, write_cluster_segments
     from cdc_lib.sinks.delta import DeltaRsStateStore, run_store_batch
     schema = load_cql_schema(KV_CQL)
-    table = schema.by_name("train", "kv")
-    cols = table.columns
-    rnd = random.Random(5)
     store = DeltaRsStateStore(str(work / "delta-kv"))
     events = 0
     for seq in (1, 2):
-        directory = work / f"kv-{seq}"
-        directory.mkdir(parents=True)
         ts = START_US + seq * 1_000_000
-        writer, seg_id, paths = None, 1_765_000_000_000 + seq * 1000, []
-        for i in range(rows):
-            key = encode_value(cols["id"].type, i * 7919)
-            cells = [Cell("n", encode_value(cols["n"].type, rnd.randrange(1 << 30)), ts + i),
-                     Cell("v", encode_value(cols["v"].type, f"value {seq}-{i:08d}"), ts + i)]
-            # the first batch inserts (a row marker), the second updates (cells only), as INSERT and UPDATE do
-            row = Row((), liveness=LivenessInfo(ts + i) if seq == 1 else None, cells=cells)
-            update = finish_update(PartitionUpdate(table.id, key, table, unfiltereds=[row]))
-            data = encode_mutation(Mutation([update]), schema)
-            while True:
-                if writer is None:
-                    seg_id += 1
-                    writer = SegmentWriter(directory, seg_id)
-                try:
-                    writer.add(data)
-                    break
-                except SegmentFull:
-                    writer.close()
-                    paths.append(writer.path)
-                    writer = None
-        if writer is not None:
-            writer.close()
-            paths.append(writer.path)
+        written = write_cluster_segments(work / f"kv-{seq}", schema, rows, nodes=1, rf=1,
+                                         workload=_KvWrites(schema, ts, insert=seq == 1, tag=str(seq)),
+                                         segment_id_base=1_765_000_000_000 + seq * 1000)
+        paths = [p for ps in written.segments.values() for p in ps]
         res = run_store_batch(store, schema, _cells(paths, schema), batch_id=f"kv-{seq}", batch_seq=seq,
                               now=ts // 1_000_000 + 10)
         events += res["events"]
