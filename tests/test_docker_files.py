@@ -127,3 +127,96 @@ def test_dockerfiles_copy_files_that_exist():
         assert sources, f"{dockerfile} copies nothing"
         for src in sources:
             assert (context / src).exists(), f"{dockerfile.name}: COPY {src} (not in {context})"
+
+
+def _stages(dockerfile: Path) -> dict:
+    """Each stage's lines (comments and blank lines left out), by its name (`FROM ... AS name`; the last stage,
+    which the image is, under ``""``)."""
+    stages, name = {}, None
+    for line in dockerfile.read_text().splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        m = re.match(r"^FROM\s+(\S+)(?:\s+AS\s+(\S+))?\s*$", line, re.I)
+        if m:
+            name = m.group(2) or ""
+            stages[name] = [line]
+        else:
+            stages[name].append(line)
+    return stages
+
+
+# Python of the base images the stages start from: a tag names it, or the distribution's python3 does (Debian 12,
+# bookworm: 3.11). An image not listed here fails the check below until its Python is looked up and added.
+BASE_PYTHON = {r"^python:3\.11(-slim)?(-bookworm)?$": (3, 11), r"^apache/airflow:[\d.]+-python3\.11$": (3, 11),
+               r"^rust:[\d.]+-slim-bookworm$": (3, 11),
+               # Ubuntu 22.04's python3 (apache/spark-docker: FROM spark:...-ubuntu, apt-get install python3)
+               r"^apache/spark:[\d.]+-python3$": (3, 10)}
+
+
+def _pipeline_dockerfiles() -> dict:
+    """The images that run the transform (Airflow's local Spark and the in-process path, and the Spark
+    executors), by service."""
+    services = _compose()["services"]
+    return {name: DOCKER / ".." / svc["build"]["dockerfile"] for name, svc in services.items()
+            if isinstance(svc.get("build"), dict) and ("airflow" in name or "spark" in name)}
+
+
+def test_the_images_that_run_the_pipeline_install_the_compiled_core_built_in_a_builder_stage():
+    """Without it, the executors and Airflow's transform would run the pure-Python decoder and engine (README, The
+    compiled core): a build fails instead if the wheel does not load."""
+    files = _pipeline_dockerfiles()
+    assert {n for n in files if "spark" in n} and {n for n in files if "airflow" in n}, sorted(files)
+    native = set()
+    for service, dockerfile in files.items():
+        stages = _stages(dockerfile)
+        builder = " ".join(stages.get("native", []))
+        assert "COPY native ./native" in builder and "native/build.py --wheel /wheels" in builder, dockerfile.name
+        image = " ".join(stages[""])
+        assert re.search(r"COPY --from=native /wheels (\S+)", image), f"{dockerfile.name}: the wheel is not copied"
+        assert re.search(r"pip install .*\*\.whl", image) and 'python -c "import cdc_native"' in image, \
+            f"{dockerfile.name}: the wheel is not installed, or its import not checked"
+        native.add("\n".join(stages["native"]))
+    assert len(native) == 1, "Dockerfile.airflow and Dockerfile.spark build the compiled core differently"
+
+
+def test_every_stage_that_installs_the_package_has_the_python_it_requires():
+    """pyproject.toml's requires-python, against each stage's base image (the apache/spark images carry Ubuntu
+    22.04's Python 3.10, on which `pip install .` refuses the package)."""
+    import tomllib
+    spec = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"]
+    least = tuple(int(x) for x in re.fullmatch(r">=\s*(\d+)\.(\d+)", spec).groups())
+    for dockerfile in sorted(DOCKER.glob("Dockerfile.*")):
+        for stage in _stages(dockerfile).values():
+            if not any("pip install" in line for line in stage):
+                continue
+            base = stage[0].split()[1]
+            known = [v for pattern, v in BASE_PYTHON.items() if re.match(pattern, base)]
+            assert known, f"{dockerfile.name}: which Python does {base} have? (BASE_PYTHON)"
+            assert known[0] >= least, f"{dockerfile.name}: {base} has Python {known[0]}, the package needs {spec}"
+
+
+def test_the_spark_image_runs_the_spark_version_the_driver_is_pinned_to():
+    """A standalone cluster's daemons and executors must be the driver's Spark version: the image installs pip's
+    pyspark through the package's `spark` extra, constrained by requirements.txt, which pins the driver's."""
+    import tomllib
+    spark = _stages(DOCKER / "Dockerfile.spark")[""]
+    text = " ".join(spark)
+    assert "-c /tmp/constraints.txt" in text and "requirements.txt > /tmp/constraints.txt" in text
+    assert re.search(r'pip install [^&]*"\.\[spark\]"', text)
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["spark"]
+    pinned = re.search(r"^pyspark\S*==(\S+)", (REPO / "requirements.txt").read_text(), re.M).group(1)
+    assert extra == [f"pyspark[sql]=={pinned}"], (extra, pinned)
+    # the compose file starts the daemons with the image's spark-class
+    services = _compose()["services"]
+    for name in ("spark-master", "spark-worker"):
+        assert services[name]["command"][0] == "/opt/spark/bin/spark-class"
+    assert "ENV SPARK_HOME=/opt/spark" in text and "/opt/spark" in text.split("ln -s", 1)[1]
+
+
+def test_the_build_context_leaves_out_the_virtualenv_and_build_trees():
+    """The context is the repository root: without these, every build would send gigabytes, and the builder stage's
+    `COPY native` would carry native/target's build products."""
+    ignored = {line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
+    for entry in (".venv/", ".jvm", "native/target/"):
+        assert entry in ignored, entry
