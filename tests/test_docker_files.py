@@ -5,6 +5,7 @@ Docker cannot run here, so these checks are structural: they parse the compose f
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 import yaml
@@ -157,7 +158,8 @@ def _pipeline_dockerfiles() -> dict:
     """The images that run the transform (Airflow's local Spark and the in-process path, and the Spark
     executors), by service."""
     services = _compose()["services"]
-    return {name: DOCKER / ".." / svc["build"]["dockerfile"] for name, svc in services.items()
+    return {name: (DOCKER / svc["build"]["context"] / svc["build"]["dockerfile"]).resolve()
+            for name, svc in services.items()
             if isinstance(svc.get("build"), dict) and ("airflow" in name or "spark" in name)}
 
 
@@ -167,7 +169,7 @@ def test_the_images_that_run_the_pipeline_install_the_compiled_core_built_in_a_b
     files = _pipeline_dockerfiles()
     assert {n for n in files if "spark" in n} and {n for n in files if "airflow" in n}, sorted(files)
     native = set()
-    for service, dockerfile in files.items():
+    for dockerfile in files.values():
         stages = _stages(dockerfile)
         builder = " ".join(stages.get("native", []))
         assert "COPY native ./native" in builder and "native/build.py --wheel /wheels" in builder, dockerfile.name
@@ -182,7 +184,6 @@ def test_the_images_that_run_the_pipeline_install_the_compiled_core_built_in_a_b
 def test_every_stage_that_installs_the_package_has_the_python_it_requires():
     """pyproject.toml's requires-python, against each stage's base image (the apache/spark images carry Ubuntu
     22.04's Python 3.10, on which `pip install .` refuses the package)."""
-    import tomllib
     spec = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"]
     least = tuple(int(x) for x in re.fullmatch(r">=\s*(\d+)\.(\d+)", spec).groups())
     for dockerfile in sorted(DOCKER.glob("Dockerfile.*")):
@@ -198,7 +199,6 @@ def test_every_stage_that_installs_the_package_has_the_python_it_requires():
 def test_the_spark_image_runs_the_spark_version_the_driver_is_pinned_to():
     """A standalone cluster's daemons and executors must be the driver's Spark version: the image installs pip's
     pyspark through the package's `spark` extra, constrained by requirements.txt, which pins the driver's."""
-    import tomllib
     spark = _stages(DOCKER / "Dockerfile.spark")[""]
     text = " ".join(spark)
     assert "-c /tmp/constraints.txt" in text and "requirements.txt > /tmp/constraints.txt" in text
