@@ -220,3 +220,22 @@ def test_the_build_context_leaves_out_the_virtualenv_and_build_trees():
                if line.strip() and not line.startswith("#")}
     for entry in (".venv/", ".jvm", "native/target/"):
         assert entry in ignored, entry
+
+
+def test_the_airflow_image_has_the_spark_jars_where_spark_jars_looks_by_default():
+    """A batch run on Spark (a backfill's, one above driver_batch_max_bytes) needs the Delta and s3a jars: the image
+    fetches the parts `spark_jars` defaults to with their poms, into .jvm/lib of the directory the package is
+    installed from (editable), where the default looks."""
+    from cdc_lib.spark.conf import DEFAULT_JAR_DIRS, REPO_ROOT
+    stages = _stages(DOCKER / "Dockerfile.airflow")
+    fetch = " ".join(stages["jars"])
+    parts = re.search(r"for part in ([\w ]+); do", fetch).group(1).split()
+    assert sorted(parts) == sorted(d.name for d in DEFAULT_JAR_DIRS)
+    assert all(d.parent == REPO_ROOT / ".jvm" / "lib" for d in DEFAULT_JAR_DIRS)
+    for part in parts:
+        assert f"COPY jvm/{part}/pom.xml /src/jvm/{part}/pom.xml" in fetch
+    assert "dependency:copy-dependencies -DoutputDirectory=/jars/$part" in fetch
+    image = stages[""]
+    workdir = [line.split()[1] for line in image if line.startswith("WORKDIR")][-1]
+    assert "COPY --from=jars /jars ./.jvm/lib" in image
+    assert "RUN pip install --no-cache-dir --no-deps -e ." in image and workdir == "/opt/cassandra-cdc"
