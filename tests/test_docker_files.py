@@ -239,3 +239,13 @@ def test_the_airflow_image_has_the_spark_jars_where_spark_jars_looks_by_default(
     workdir = [line.split()[1] for line in image if line.startswith("WORKDIR")][-1]
     assert "COPY --from=jars /jars ./.jvm/lib" in image
     assert "RUN pip install --no-cache-dir --no-deps -e ." in image and workdir == "/opt/cassandra-cdc"
+
+
+def test_the_airflow_image_installs_the_package_into_a_directory_its_user_owns():
+    """WORKDIR creates directories as root whatever USER is (moby/moby#36677): `pip install -e .`, run as the
+    airflow user, writes the package's metadata into the directory, which must be made the user's first."""
+    image = _stages(DOCKER / "Dockerfile.airflow")[""]
+    workdir = [line.split()[1] for line in image if line.startswith("WORKDIR")][-1]
+    text = "\n".join(image)
+    made = text.index(f"chown airflow:0 {workdir}")
+    assert made < text.index("USER airflow") < text.index("pip install --no-cache-dir --no-deps -e .")
