@@ -116,13 +116,18 @@ def _copy_sources(dockerfile: Path) -> list:
     return out
 
 
+def _dockerfile(build: dict) -> Path:
+    """The Dockerfile a compose service's ``build`` names (its path is relative to the build context)."""
+    return (DOCKER / build["context"]).resolve() / build["dockerfile"]
+
+
 def test_dockerfiles_copy_files_that_exist():
     compose = _compose()
     builds = [svc["build"] for svc in compose["services"].values() if isinstance(svc.get("build"), dict)]
     assert builds
     for build in builds:
         context = (DOCKER / build["context"]).resolve()
-        dockerfile = context / build["dockerfile"]
+        dockerfile = _dockerfile(build)
         assert dockerfile.is_file(), dockerfile
         sources = _copy_sources(dockerfile)
         assert sources, f"{dockerfile} copies nothing"
@@ -146,6 +151,16 @@ def _stages(dockerfile: Path) -> dict:
     return stages
 
 
+def _project() -> dict:
+    """pyproject.toml's ``[project]`` table."""
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+
+
+def _workdir(stage: list) -> str:
+    """The working directory a stage ends in (its last WORKDIR)."""
+    return [line.split()[1] for line in stage if line.startswith("WORKDIR")][-1]
+
+
 # Python of the base images the stages start from: a tag names it, or the distribution's python3 does (Debian 12,
 # bookworm: 3.11). An image not listed here fails the check below until its Python is looked up and added.
 BASE_PYTHON = {r"^python:3\.11(-slim)?(-bookworm)?$": (3, 11), r"^apache/airflow:[\d.]+-python3\.11$": (3, 11),
@@ -158,8 +173,7 @@ def _pipeline_dockerfiles() -> dict:
     """The images that run the transform (Airflow's local Spark and the in-process path, and the Spark
     executors), by service."""
     services = _compose()["services"]
-    return {name: (DOCKER / svc["build"]["context"] / svc["build"]["dockerfile"]).resolve()
-            for name, svc in services.items()
+    return {name: _dockerfile(svc["build"]) for name, svc in services.items()
             if isinstance(svc.get("build"), dict) and ("airflow" in name or "spark" in name)}
 
 
@@ -184,7 +198,7 @@ def test_the_images_that_run_the_pipeline_install_the_compiled_core_built_in_a_b
 def test_every_stage_that_installs_the_package_has_the_python_it_requires():
     """pyproject.toml's requires-python, against each stage's base image (the apache/spark images carry Ubuntu
     22.04's Python 3.10, on which `pip install .` refuses the package)."""
-    spec = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"]
+    spec = _project()["requires-python"]
     least = tuple(int(x) for x in re.fullmatch(r">=\s*(\d+)\.(\d+)", spec).groups())
     for dockerfile in sorted(DOCKER.glob("Dockerfile.*")):
         for stage in _stages(dockerfile).values():
@@ -203,7 +217,7 @@ def test_the_spark_image_runs_the_spark_version_the_driver_is_pinned_to():
     text = " ".join(spark)
     assert "-c /tmp/constraints.txt" in text and "requirements.txt > /tmp/constraints.txt" in text
     assert re.search(r'pip install [^&]*"\.\[spark\]"', text)
-    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["spark"]
+    extra = _project()["optional-dependencies"]["spark"]
     pinned = re.search(r"^pyspark\S*==(\S+)", (REPO / "requirements.txt").read_text(), re.M).group(1)
     assert extra == [f"pyspark[sql]=={pinned}"], (extra, pinned)
     # the compose file starts the daemons with the image's spark-class
@@ -236,7 +250,7 @@ def test_the_airflow_image_has_the_spark_jars_where_spark_jars_looks_by_default(
         assert f"COPY jvm/{part}/pom.xml /src/jvm/{part}/pom.xml" in fetch
     assert "dependency:copy-dependencies -DoutputDirectory=/jars/$part" in fetch
     image = stages[""]
-    workdir = [line.split()[1] for line in image if line.startswith("WORKDIR")][-1]
+    workdir = _workdir(image)
     assert "COPY --from=jars /jars ./.jvm/lib" in image
     assert "RUN pip install --no-cache-dir --no-deps -e ." in image and workdir == "/opt/cassandra-cdc"
 
@@ -245,7 +259,7 @@ def test_the_airflow_image_installs_the_package_into_a_directory_its_user_owns()
     """WORKDIR creates directories as root whatever USER is (moby/moby#36677): `pip install -e .`, run as the
     airflow user, writes the package's metadata into the directory, which must be made the user's first."""
     image = _stages(DOCKER / "Dockerfile.airflow")[""]
-    workdir = [line.split()[1] for line in image if line.startswith("WORKDIR")][-1]
+    workdir = _workdir(image)
     text = "\n".join(image)
     made = text.index(f"chown airflow:0 {workdir}")
     assert made < text.index("USER airflow") < text.index("pip install --no-cache-dir --no-deps -e .")
