@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from cdc_lib.errors import ConfigError, FormatError
 from cdc_lib.storage.layout import CHECKSUM_SUFFIX, Layout, parse_segment_name
-from cdc_lib.storage.objects import ObjectNotFound, ObjectStore, StorageError, VerificationError, sha256_bytes
+from cdc_lib.storage.objects import (ObjectNotFound, ObjectStore, StorageError, VerificationError, _etag_of,
+                                     sha256_bytes)
 
 SEG = "CommitLog-7-1699285478684.log"
 
@@ -184,6 +185,50 @@ def test_an_s3_move_is_checked_by_the_etag_its_copy_request_returns(request, mon
     assert store.sidecar(Layout.archived("c", "n2", SEG)) == (_sha(data), {"closed_at": "1.5"})
 
 
+def test_an_s3_read_is_one_get_request(request):
+    """Reading a whole object from S3 (a segment by the parse step, a sidecar, a manifest) is one GetObject: s3fs
+    would first HEAD it to choose whether to split it into ranged GETs, a third of a batch's requests to the store
+    (the requests counted as the S3 client sends them)."""
+    from cdc_lib.spark.merge_job import segment_source
+    server = request.getfixturevalue("s3_server")
+    store = _s3_store(request)
+    data = os.urandom(300_000)
+    key = Layout.incoming("c", "n", SEG)
+    store.put_bytes(key, data, checksum=_sha(data))
+    sent = []
+    store.fs.s3.meta.events.register("before-call.s3", lambda model, **_: sent.append(model.name))
+    assert store.get_bytes(key) == data
+    assert store.sidecar(key)[0] == _sha(data)
+    assert sent == ["GetObject", "GetObject"]
+    sent.clear()
+    # the parse step reads a segment through its own filesystem handle (fsspec gives the same one for these options)
+    segment = segment_source(store.url_for(key), _sha(data), server.s3fs_kwargs())
+    assert bytes(segment.data) == data and sent == ["GetObject"]
+    with pytest.raises(ObjectNotFound):
+        store.get_bytes(Layout.incoming("c", "n", "CommitLog-7-2.log"))
+
+
+def test_s3_checked_upload_and_missing_object_requests(request, tmp_path):
+    """A checked upload (the agent's, per segment) is: drop a stale sidecar, PUT, one HEAD for the stored size and
+    MD5 ETag, PUT the sidecar. Asking for an object that is not there (the agent's look for an earlier copy) is one
+    HEAD: no listing to tell a "directory" from nothing, and no second HEAD for the ETag."""
+    store = _s3_store(request)
+    data = os.urandom(100_000)
+    src = tmp_path / SEG
+    src.write_bytes(data)
+    key = Layout.incoming("c", "n", SEG)
+    store.put_bytes("probe", b"")      # the client exists once a request was made
+    sent = []
+    store.fs.s3.meta.events.register("before-call.s3", lambda model, **_: sent.append(model.name))
+    assert store.put_file(src, key, checksum=_sha(data)).checksum == _sha(data)
+    assert sent == ["DeleteObject", "PutObject", "HeadObject", "PutObject"]
+    sent.clear()
+    assert not store.exists(Layout.archived("c", "n", SEG)) and sent == ["HeadObject"]
+    with pytest.raises(ObjectNotFound):
+        store.info(Layout.archived("c", "n", SEG))
+    assert store.info(key).size == len(data)
+
+
 def test_delete_many_removes_objects_and_sidecars(store):
     keys = [Layout.incoming("c", "n", f"CommitLog-7-{i}.log") for i in range(3)]
     for key in keys:
@@ -342,7 +387,7 @@ def test_s3_store_uses_the_server_md5_and_keeps_keys_under_the_prefix(request, t
     key = Layout.incoming("c", "n", SEG)
     store.put_file(src, key, checksum=_sha(data))
     assert store.url_for(key).startswith("s3://") and store.url_for(key).endswith("/" + key)
-    assert store._etag(key) == hashlib.md5(data).hexdigest()
+    assert _etag_of(store._stat(key)) == hashlib.md5(data).hexdigest()
     assert store.list() == [key]
     assert store.get_bytes(key) == data
 
@@ -370,7 +415,8 @@ def test_corruption_in_transit_is_detected_and_never_committed(store, tmp_path, 
 
 def test_an_etag_that_is_not_the_md5_falls_back_to_reading_back(request, tmp_path, monkeypatch):
     store = _s3_store(request)
-    monkeypatch.setattr(store, "_etag", lambda key: "0" * 32)  # e.g. SSE-KMS: the ETag is not the MD5
+    stat = store._stat      # e.g. SSE-KMS: the ETag is not the MD5
+    monkeypatch.setattr(store, "_stat", lambda key: {**stat(key), "ETag": '"' + "0" * 32 + '"'})
     reads = []
     real = store._remote_sha256
     monkeypatch.setattr(store, "_remote_sha256", lambda key: reads.append(key) or real(key))

@@ -169,9 +169,9 @@ def segment_source(source: str, checksum: Optional[str], store_options: dict):
     import fsspec
 
     from cdc_lib.commitlog.segment import SegmentBytes
-    from cdc_lib.storage.objects import sha256_bytes
+    from cdc_lib.storage.objects import read_object, sha256_bytes
     fs, path = fsspec.core.url_to_fs(source, **store_options)
-    data = fs.cat_file(path)
+    data = read_object(fs, path)
     _check_download(source, sha256_bytes(data), checksum)
     return SegmentBytes(source.rsplit("/", 1)[-1], data)
 
