@@ -229,6 +229,35 @@ def test_s3_checked_upload_and_missing_object_requests(request, tmp_path):
     assert store.info(key).size == len(data)
 
 
+def test_an_s3_move_of_a_listed_object_is_its_copy_and_sidecar(request):
+    """Given the source's size and ETag as the claim's listing gave them (and its sidecar as claim read it), an
+    archive move is one CopyObject and one PUT of the new sidecar. A source replaced since the listing fails the
+    move and stays; a source an earlier, interrupted move already copied and deleted finishes as moved."""
+    store = _s3_store(request)
+    data = os.urandom(20_000)
+    src = Layout.incoming("c", "n", SEG)
+    store.put_bytes(src, data, checksum=_sha(data))
+    listed = store.listing(Layout.INCOMING + "/")[src]
+    assert (listed.size, listed.etag) == (len(data), hashlib.md5(data).hexdigest())
+    sent = []
+    store.fs.s3.meta.events.register("before-call.s3", lambda model, **_: sent.append(model.name))
+    dst = Layout.archived("c", "n", SEG)
+    info = store.move(src, dst, keep_source=True, sidecar=(_sha(data), {}), listed=(listed.size, listed.etag))
+    assert sent == ["CopyObject", "PutObject"] and info.checksum == _sha(data)
+    assert store.get_bytes(dst) == data and store.info(dst).checksum == _sha(data)
+    # the source deleted after its copy was made (a rerun after a crash): the move is done
+    store.delete(src)
+    assert store.move(src, dst, keep_source=True, sidecar=(_sha(data), {}),
+                      listed=(listed.size, listed.etag)).checksum == _sha(data)
+    # the source replaced since the listing by other bytes of the same size
+    other = os.urandom(len(data))
+    store.put_bytes(src, other, checksum=_sha(other))
+    with pytest.raises(VerificationError):
+        store.move(src, Layout.archived("c", "n2", SEG), keep_source=True, sidecar=(_sha(data), {}),
+                   listed=(listed.size, listed.etag))
+    assert store.info(src).checksum == _sha(other) and store.info(Layout.archived("c", "n2", SEG)).checksum is None
+
+
 def test_delete_many_removes_objects_and_sidecars(store):
     keys = [Layout.incoming("c", "n", f"CommitLog-7-{i}.log") for i in range(3)]
     for key in keys:

@@ -109,6 +109,8 @@ def _candidates(store: ObjectStore, config: PipelineConfig, incoming: dict) -> t
             continue
         seg = {"key": key, "node": node, "name": name, "size": incoming[key].size,
                "shipped_at": incoming[key].committed_at}        # where the publish step's lag starts
+        if incoming[key].etag is not None:
+            seg["etag"] = incoming[key].etag        # archive checks its copy against it, without a HEAD
         by_node.setdefault(node, []).append((seg_id, seg))
     ranked = []
     for node, segs in by_node.items():
@@ -643,10 +645,12 @@ def archive(config: PipelineConfig, batch, *, fault: Fault = no_fault) -> Batch:
                           "separately (entry_key)",
                 "damage": damaged[(s["node"], s["name"])]})
             return "quarantined_segments"
-        # the sidecar as claim read it (the bytes the batch processed were checked against its checksum): one
-        # request less per segment; a batch claimed by an older version reads it again
+        # the sidecar and the ETag as claim read them (the bytes the batch processed were checked against that
+        # checksum): two requests less per segment; a batch claimed by an older version asks again
         sidecar = (s["checksum"], s["attributes"]) if "attributes" in s else None
-        store.move(s["key"], Layout.archived(config.cluster, s["node"], s["name"]), keep_source=True, sidecar=sidecar)
+        listed = (s["size"], s["etag"]) if sidecar and "etag" in s else None
+        store.move(s["key"], Layout.archived(config.cluster, s["node"], s["name"]), keep_source=True,
+                   sidecar=sidecar, listed=listed)
         return "archived"
 
     # Each move is independent (copy, verify, dst's sidecar: crash-safe on its own) and mostly waits on the store:

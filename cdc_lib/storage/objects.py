@@ -51,11 +51,13 @@ class ObjectInfo:
 
 @dataclass(frozen=True)
 class Listed:
-    """An object as a listing shows it: ``size``, and ``committed_at``, when its sidecar was written (unix time by
-    the store's clock; None when it has no sidecar: an upload cut short or still running)."""
+    """An object as a listing shows it: ``size``, ``committed_at``, when its sidecar was written (unix time by the
+    store's clock; None when it has no sidecar: an upload cut short or still running), and ``etag``, the store's
+    ETag of it (S3; None elsewhere), which a later ``move`` can check its copy against without asking again."""
 
     size: int
     committed_at: float | None
+    etag: str | None = None
 
 
 def sha256_file(path: str | Path) -> tuple[str, int]:
@@ -396,12 +398,12 @@ class ObjectStore:
         """``list`` with what one listing tells of each object: its size and when its sidecar was written (None:
         no sidecar, not complete), without a request per object."""
         found = self._listing(prefix, details=True)
-        return {key: Listed(size, found[key + CHECKSUM_SUFFIX][1] if key + CHECKSUM_SUFFIX in found else None)
-                for key, (size, _) in sorted(found.items()) if not _is_hidden_name(key.rsplit("/", 1)[-1])}
+        return {key: Listed(size, found[key + CHECKSUM_SUFFIX][1] if key + CHECKSUM_SUFFIX in found else None, etag)
+                for key, (size, _, etag) in sorted(found.items()) if not _is_hidden_name(key.rsplit("/", 1)[-1])}
 
-    def _listing(self, prefix: str, *, details: bool) -> dict[str, tuple[int, float]]:
-        """{key: (size, modified unix time)} of every file under ``prefix``, sidecars and temporaries included;
-        without ``details`` a local store reads no file's metadata (both are then 0)."""
+    def _listing(self, prefix: str, *, details: bool) -> dict[str, tuple[int, float, str | None]]:
+        """{key: (size, modified unix time, ETag)} of every file under ``prefix``, sidecars and temporaries
+        included; without ``details`` a local store reads no file's metadata (then 0, 0.0, None)."""
         if prefix.startswith("/") or ".." in prefix.split("/"):
             raise StorageError(f"bad prefix {prefix!r}")
         base = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
@@ -415,13 +417,13 @@ class ObjectStore:
                     if not key.startswith(prefix):
                         continue
                     if not details:
-                        out[key] = (0, 0.0)
+                        out[key] = (0, 0.0, None)
                         continue
                     try:
                         st = os.stat(path)
                     except FileNotFoundError:
                         continue        # removed since the walk listed it
-                    out[key] = (st.st_size, st.st_mtime)
+                    out[key] = (st.st_size, st.st_mtime, None)
         else:
             top = f"{self.root}/{base}" if base else self.root
             self._invalidate(top)
@@ -435,7 +437,7 @@ class ObjectStore:
                     continue
                 key = self._key_of(path)
                 if key and key.startswith(prefix):
-                    out[key] = (int(meta.get("size") or 0), _modified(meta))
+                    out[key] = (int(meta.get("size") or 0), _modified(meta), _etag_of(meta))
         return out
 
     def delete(self, key: str) -> None:
@@ -472,30 +474,44 @@ class ObjectStore:
             pass
 
     def move(self, src: str, dst: str, *, keep_source: bool = False,
-             sidecar: tuple[str, dict[str, str]] | None = None) -> ObjectInfo:
+             sidecar: tuple[str, dict[str, str]] | None = None,
+             listed: tuple[int, str | None] | None = None) -> ObjectInfo:
         """Move ``src`` to ``dst``: copy, verify, write dst's sidecar, then delete src (``keep_source``: the caller
         deletes it, e.g. many at once with ``delete_many`` once every copy is complete). ``sidecar``: src's
-        (checksum, attributes) as the caller read them before, then not read again.
+        (checksum, attributes) as the caller read them before, then not read again. ``listed``: src's (size,
+        ETag) as a listing gave them (``Listed``), then not asked again: the copy must have that ETag, or else
+        that size and the checksum, so a source replaced since the listing fails the move.
 
         At every instant at least one of the two is complete, and a retry after a crash finishes the move.
         """
         _check_key(src), _check_key(dst)
-        try:
-            stat = self._stat(src)      # size, and on S3 the ETag the copy is checked against: one request
-        except ObjectNotFound:
-            dst_info = self.info(dst)  # already moved by an earlier, interrupted call?
-            if dst_info.checksum is None:
-                raise ObjectNotFound(f"no object {self.url_for(src)}") from None
-            return dst_info
-        size = int(stat["size"])
+        if listed is not None:
+            size, src_etag = listed
+        else:
+            try:
+                stat = self._stat(src)      # size, and on S3 the ETag the copy is checked against: one request
+            except ObjectNotFound:
+                return self._moved_before(src, dst)
+            size, src_etag = int(stat["size"]), _etag_of(stat)
         checksum, attributes = sidecar or self.sidecar(src)
         checksum = checksum or self._remote_sha256(src)
-        copied_etag = self._copy(src, dst, size)
-        self._verify_copy(src, dst, size, checksum, _etag_of(stat), copied_etag)
+        try:
+            copied_etag = self._copy(src, dst, size)
+        except FileNotFoundError:
+            return self._moved_before(src, dst)
+        self._verify_copy(src, dst, size, checksum, src_etag, copied_etag)
         self._write_sidecar(dst, checksum, attributes)
         if not keep_source:
             self.delete(src)
         return ObjectInfo(dst, size, checksum, attributes)
+
+    def _moved_before(self, src: str, dst: str) -> ObjectInfo:
+        """``dst``'s info when ``src`` is gone because an earlier, interrupted move finished copying it;
+        ObjectNotFound for ``src`` when ``dst`` is not complete either."""
+        dst_info = self.info(dst)
+        if dst_info.checksum is None:
+            raise ObjectNotFound(f"no object {self.url_for(src)}") from None
+        return dst_info
 
     def _copy(self, src: str, dst: str, size: int) -> str | None:
         """Copy ``src`` (``size`` bytes) to ``dst``; returns the copy's ETag when the store said it while copying
