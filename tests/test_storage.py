@@ -41,6 +41,19 @@ def _s3_store(request) -> ObjectStore:
     return ObjectStore.from_url(f"s3://{server.bucket}/t-{uuid.uuid4().hex[:12]}", **server.s3fs_kwargs())
 
 
+def _requests_sent(store: ObjectStore, request) -> list:
+    """The names of the S3 operations the store's client sends from now to the end of the test, in order (its
+    filesystem, and so its client, is shared by every store with the same options: the hook is removed after)."""
+    sent: list = []
+
+    def record(model, **_):
+        sent.append(model.name)
+    events = store.fs.s3.meta.events
+    events.register("before-call.s3", record)
+    request.addfinalizer(lambda: events.unregister("before-call.s3", record))
+    return sent
+
+
 def test_put_file_round_trip_with_sidecar(store, tmp_path):
     data = os.urandom(300_000)
     src = tmp_path / SEG
@@ -195,8 +208,7 @@ def test_an_s3_read_is_one_get_request(request):
     data = os.urandom(300_000)
     key = Layout.incoming("c", "n", SEG)
     store.put_bytes(key, data, checksum=_sha(data))
-    sent = []
-    store.fs.s3.meta.events.register("before-call.s3", lambda model, **_: sent.append(model.name))
+    sent = _requests_sent(store, request)
     assert store.get_bytes(key) == data
     assert store.sidecar(key)[0] == _sha(data)
     assert sent == ["GetObject", "GetObject"]
@@ -218,8 +230,7 @@ def test_s3_checked_upload_and_missing_object_requests(request, tmp_path):
     src.write_bytes(data)
     key = Layout.incoming("c", "n", SEG)
     store.put_bytes("probe", b"")      # the client exists once a request was made
-    sent = []
-    store.fs.s3.meta.events.register("before-call.s3", lambda model, **_: sent.append(model.name))
+    sent = _requests_sent(store, request)
     assert store.put_file(src, key, checksum=_sha(data)).checksum == _sha(data)
     assert sent == ["DeleteObject", "PutObject", "HeadObject", "PutObject"]
     sent.clear()
@@ -239,8 +250,7 @@ def test_an_s3_move_of_a_listed_object_is_its_copy_and_sidecar(request):
     store.put_bytes(src, data, checksum=_sha(data))
     listed = store.listing(Layout.INCOMING + "/")[src]
     assert (listed.size, listed.etag) == (len(data), hashlib.md5(data).hexdigest())
-    sent = []
-    store.fs.s3.meta.events.register("before-call.s3", lambda model, **_: sent.append(model.name))
+    sent = _requests_sent(store, request)
     dst = Layout.archived("c", "n", SEG)
     info = store.move(src, dst, keep_source=True, sidecar=(_sha(data), {}), listed=(listed.size, listed.etag))
     assert sent == ["CopyObject", "PutObject"] and info.checksum == _sha(data)
