@@ -121,6 +121,8 @@ class ObjectStore:
         self.root = root.rstrip("/") if root != "/" else root
         self.url = url
         self.local = local
+        # s3fs: some requests are sent through its client directly, where its own calls would send more of them
+        self.s3 = hasattr(fs, "call_s3")
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -350,7 +352,7 @@ class ObjectStore:
         try:
             if self.local:
                 return {"size": os.stat(path).st_size}
-            if hasattr(self.fs, "call_s3"):
+            if self.s3:
                 # the HEAD alone: s3fs's info() follows a missing key with a listing, to tell a "directory" from
                 # nothing, and no key of the layout is one (a missing segment's copy cost two requests)
                 bucket, name, version = self.fs.split_path(path)
@@ -526,7 +528,7 @@ class ObjectStore:
                 shutil.copyfile(s, tmp)
             os.replace(tmp, d)
             _fsync_dir(os.path.dirname(d))
-        elif hasattr(self.fs, "call_s3") and size <= _SINGLE_COPY_MAX:
+        elif self.s3 and size <= _SINGLE_COPY_MAX:
             (sb, sk, _), (db, dk, _) = self.fs.split_path(s), self.fs.split_path(d)
             out = self.fs.call_s3("copy_object", Bucket=db, Key=dk, CopySource={"Bucket": sb, "Key": sk})
             self._invalidate(d)
