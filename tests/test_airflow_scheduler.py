@@ -24,6 +24,7 @@ import time
 import urllib.parse
 import urllib.request
 import uuid
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import psutil
@@ -43,7 +44,8 @@ REPO = Path(__file__).resolve().parents[1]
 AIRFLOW = Path(sys.executable).parent / "airflow"
 DAG_IDS = ("cassandra_cdc", "cassandra_cdc_backfill", "cassandra_cdc_maintenance")
 CLUSTER = "prod"
-SCHEDULE = "20s"          # the main DAG's schedule (a setting): short, so the test sees several scheduled runs
+SCHEDULE_S = 20           # the main DAG's schedule (a setting): short, so the test sees several scheduled runs
+SCHEDULE = f"{SCHEDULE_S}s"
 
 
 class Airflow:
@@ -352,10 +354,19 @@ def test_scheduled_runs_under_a_real_airflow(tmp_path, kafka_broker, s3_server, 
                 ours = [e for e in log if str(e.get("logger", "")).startswith("cassandra_cdc")]
                 first = {"transform": "transform: batch ", "follow": "follow: taking batches for "}[task_id]
                 assert ours[0]["event"].startswith(first), ours[:3]
-                windows += [float(ours[0]["event"].split()[4])] if task_id == "follow" else []
+                if task_id == "follow":
+                    windows.append((run, ours[0]))
                 with_spark += any(e["logger"] == "cassandra_cdc.spark.jvm" for e in ours)  # the JVM's output, routed
         assert with_spark >= 2
-        assert max(windows) > 0           # scheduled runs followed (for how long depends on their batch's time)
+        # A scheduled run follows until follow_margin_s (default) before the next is due, SCHEDULE_S after it was:
+        # the window its follow task logged is what was left of that when it logged it (0 on a machine where the
+        # run's own batch took longer, as on a slow CI machine: a positive window is not asked for).
+        assert windows and all(r["run_type"] == "scheduled" for r, _ in windows)
+        for run, line in windows:
+            logged = datetime.fromisoformat(line["timestamp"])
+            left = datetime.fromisoformat(run["run_after"]) + timedelta(seconds=SCHEDULE_S - P.PipelineConfig.follow_margin_s) - logged
+            assert not line["event"].endswith("none in a manual run"), line
+            assert abs(float(line["event"].split()[4]) - max(0.0, left.total_seconds())) < 1.0, (run, line)
         # Where the settings came from, as the first task of a run logs them; a healthy store, no warning.
         claim_log = "\n".join(str(e.get("event"))
                               for e in _task_log(home, "cassandra_cdc", batches[0].claimed_by, "claim"))
