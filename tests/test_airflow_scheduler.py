@@ -8,7 +8,8 @@ processed by a *scheduled* run. Then ``airflow dags trigger`` asks for a backfil
 the next scheduled runs perform. Checked: every run succeeded; each event is in Kafka exactly once and the topics
 hold what the batch manifests say was published; replayed in order, the events give what the reference model says
 Cassandra shows at the last batch's processing time; the transform tasks' logs hold no error-level line and no
-loopback warning, and start with the step's summary; nothing was written to the scheduler's working directory.
+loopback warning, and start with the step's summary; each follow task took batches for what was left of its run's
+interval when it started (less the margin); nothing was written to the scheduler's working directory.
 Last, a run whose spark-submit job fails (the Variable sets a driver memory the JVM refuses): the transform's task
 log, as Airflow stored it, holds the job's output lines and the error with their tail. The test prints the run
 table (run, state, seconds per task).
@@ -355,18 +356,21 @@ def test_scheduled_runs_under_a_real_airflow(tmp_path, kafka_broker, s3_server, 
                 first = {"transform": "transform: batch ", "follow": "follow: taking batches for "}[task_id]
                 assert ours[0]["event"].startswith(first), ours[:3]
                 if task_id == "follow":
-                    windows.append((run, ours[0]))
+                    windows.append((run, tis[task_id], ours[0]))
                 with_spark += any(e["logger"] == "cassandra_cdc.spark.jvm" for e in ours)  # the JVM's output, routed
         assert with_spark >= 2
-        # A scheduled run follows until follow_margin_s (default) before the next is due, SCHEDULE_S after it was:
-        # the window its follow task logged is what was left of that when it logged it (0 on a machine where the
-        # run's own batch took longer, as on a slow CI machine: a positive window is not asked for).
-        assert windows and all(r["run_type"] == "scheduled" for r, _ in windows)
-        for run, line in windows:
-            logged = datetime.fromisoformat(line["timestamp"])
-            left = datetime.fromisoformat(run["run_after"]) + timedelta(seconds=SCHEDULE_S - P.PipelineConfig.follow_margin_s) - logged
+        # A scheduled run follows until follow_margin_s (default) before the next run is due, SCHEDULE_S after it
+        # was: its follow task's window is what was left of that at a moment between the task's start and its first
+        # line (0 where the run's own batch took longer, as on a slow CI machine: a positive window is not asked for).
+        assert windows and all(run["run_type"] == "scheduled" for run, _, _ in windows)
+        for run, ti, line in windows:
             assert not line["event"].endswith("none in a manual run"), line
-            assert abs(float(line["event"].split()[4]) - max(0.0, left.total_seconds())) < 1.0, (run, line)
+            window = float(line["event"].split()[4])
+            ends = datetime.fromisoformat(run["run_after"]) + timedelta(
+                seconds=SCHEDULE_S - P.PipelineConfig.follow_margin_s)
+            at_most, at_least = ((ends - datetime.fromisoformat(at)).total_seconds()
+                                 for at in (ti["start_date"], line["timestamp"]))
+            assert max(0.0, at_least) - 0.05 <= window <= max(0.0, at_most) + 0.05, (run, ti, line)
         # Where the settings came from, as the first task of a run logs them; a healthy store, no warning.
         claim_log = "\n".join(str(e.get("event"))
                               for e in _task_log(home, "cassandra_cdc", batches[0].claimed_by, "claim"))
