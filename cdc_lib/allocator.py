@@ -7,7 +7,7 @@ kernel, and the next batch, which allocates about as much as the one before free
 the kernel zeroes it. With ``MIMALLOC_PURGE_DECOMMITS=0`` a purge resets the pages instead (``MADV_FREE`` on Linux):
 they stay mapped, the kernel takes them back only when it runs short of memory, and a page written again before that
 costs no fault and no zeroing. In ``benchmarks/bench_pipeline.py`` that is about a third fewer page faults and less
-system time (README, Benchmarks); the process's resident size stays near its peak instead, with pages the kernel may
+system time (docs/benchmarks.md); the process's resident size stays near its peak instead, with pages the kernel may
 reclaim at any time.
 
 With ``MIMALLOC_ALLOW_THP=0`` mimalloc (version 3, in both libraries) no longer advises transparent huge pages
@@ -18,7 +18,7 @@ page reporting, as on this project's machines: the kernel reports free blocks of
 small pages come first from memory freed a moment ago. On such a machine the first batch of a process spent most of
 its time in the kernel zeroing huge pages (``perf`` over four engine calls in one process: a third of all samples in
 ``clear_page_erms`` under ``do_huge_pmd_anonymous_page``), and a 1,000,000-change batch's engine call took 1.1-1.2 s
-instead of 1.6-3.4 s (README, Benchmarks). On bare metal, huge pages save page faults and TLB misses:
+instead of 1.6-3.4 s (docs/benchmarks.md). On bare metal, huge pages save page faults and TLB misses:
 ``MIMALLOC_ALLOW_THP=1`` in the environment restores mimalloc's default.
 
 mimalloc reads its options once, when the library that carries it loads (pyarrow's when ``pyarrow`` is imported, the

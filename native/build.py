@@ -10,8 +10,8 @@ every CQL type, plain and compressed; two batches of the state engine over them;
 rows) while it counts which branches and calls are taken; then the crate built again with those counts
 (``-Cprofile-use``), which lets the compiler lay out, inline and unroll for the paths that run. Same sources,
 same outputs: only the machine code's layout differs. Measured on this project's 2-core machines
-(README, Benchmarks): about 30 % more cells/s decoding and 15 % less CPU per change in the state engine. It costs
-one more build and about 10 s of training, about two minutes in all.
+(docs/benchmarks.md, the round after f90f04e): about 30 % more cells/s decoding and 15 % less CPU per change in the
+state engine. It costs one more build and about 10 s of training, about two minutes in all.
 
 It needs ``llvm-profdata`` of the LLVM that rustc is built on (to merge the counts): rustup's ``llvm-tools``
 component (added here when rustup can fetch it), or an ``llvm-profdata`` of the same LLVM major version on PATH.
@@ -190,7 +190,7 @@ def main(argv=None) -> int:
         except CannotProfile as e:
             if a.pgo == "1":
                 raise SystemExit(f"[native] a profile-guided build was required ({ENV}=1) and cannot be made: {e}")
-            log(f"no profile-guided build ({e}); building plain: same outputs, slower (README, Benchmarks)")
+            log(f"no profile-guided build ({e}); building plain: same outputs, slower (docs/benchmarks.md)")
     if install(profile, a.wheel):
         return 0
     if profile is not None and a.pgo == "auto":
