@@ -181,7 +181,9 @@ def _bad_inputs(tmp_path):
     prose = tmp_path / "notes.txt"
     prose.write_text("just some notes\n")
     no_key = tmp_path / "keystore.jceks"
-    no_key.write_bytes(os.urandom(64))
+    # neither keystore's magic nor a DER SEQUENCE (0x30, read as PKCS12): random bytes began with 0x30 one time in
+    # 256, and the message was then PKCS12's
+    no_key.write_bytes(b"not a keystore\n" + bytes(range(49)))
     missing = tmp_path / "missing.log"
     password = tmp_path / "keystore-password"
     password.write_text("x\n")
