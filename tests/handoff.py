@@ -60,6 +60,9 @@ class Handoff:
     writes: dict                        # writer statements: during the backfill, after it
     log: list                           # the pipeline's log lines
     timings: dict = field(default_factory=dict)
+    # canonical key -> for each state in ``histories``, (µs before the writer's statement, µs after its answer)
+    # that made it; None for the states before the writer
+    windows: dict = field(default_factory=dict)
 
     def events(self, table: str) -> list:
         return consume_topic(self.config.kafka_bootstrap, table_topic(self.config.topic_prefix, self.keyspace, table))
@@ -121,6 +124,7 @@ class Writer(threading.Thread):
         self.ks = table.keyspace
         self.now = dict(existing)
         self.histories = {canon(k): [None, canon(row)] for k, row in existing.items()}   # consumers start empty
+        self.windows = {canon(k): [None, None] for k in existing}      # Handoff.windows
         self.parts: dict = {}           # k -> key JSON of its rows now
         for key in existing:
             self.parts.setdefault(_k_of(key), set()).add(key)
@@ -171,7 +175,9 @@ class Writer(threading.Thread):
             cql = f"INSERT INTO {ks}.t (k, c, v, st) VALUES ({k}, {c}, 'new{self.count}', {{'n'}})"
         from cassandra import ConsistencyLevel
         from cassandra.query import SimpleStatement
+        issued = time.time_ns() // 1000
         self.session.execute(SimpleStatement(cql, consistency_level=ConsistencyLevel.ALL))
+        window = (issued, time.time_ns() // 1000)
         self.count += 1
         rows = select_json(self.session, self.table, "ALL", "k = %s", (k,))
         for key in self.parts.get(k, set()) | set(rows):
@@ -179,6 +185,7 @@ class Writer(threading.Thread):
             history = self.histories.setdefault(canon(key), [None])
             if history[-1] != canon(row):
                 history.append(canon(row))
+                self.windows.setdefault(canon(key), [None]).append(window)
             if row is None:
                 self.now.pop(key, None)
             else:
@@ -270,4 +277,4 @@ def run_handoff(cluster, base: Path, kafka_broker: str, mode: str, request: Call
     timings["scenario_s"] = round(time.monotonic() - t0, 1)
     return Handoff(ks, store, config, tables, answer, set(existing), writer.histories, final_rows, final_native,
                    final_times, final_now, backfill, stream, waited,
-                   {"during": during, "after": writer.count - during}, lines.lines, timings)
+                   {"during": during, "after": writer.count - during}, lines.lines, timings, writer.windows)
