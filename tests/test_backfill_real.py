@@ -14,7 +14,6 @@ What a user would notice, each checked below for both:
 from __future__ import annotations
 
 import json
-import struct
 
 import pytest
 from event_invariant import canon, check_histories
@@ -184,15 +183,16 @@ def _in_flight_at_its_read(sc):
     ranges = read_horizons(ObjectStore.from_url(str(sc.store)), sc.config.cluster).get(str(sc.tables["t"].id))
     horizon = Horizon.from_json(ranges) if ranges else None
 
+    k_type = sc.tables["t"].partition_key[0].type       # the key's own codec (cql.types): k int
+
     def read_at(k: int):
-        return horizon.at(token(struct.pack(">i", k)))       # k int: 4 bytes, big-endian
+        return horizon.at(token(k_type.encode(k)))
     if sc.keyspace.endswith("cql"):     # the scan read every partition that existed: each has its page's time
         assert horizon is not None and all(read_at(k) is not None for k in range(PARTITIONS))
     assert all(len(sc.windows[key]) == len(states) for key, states in sc.histories.items())
 
-    def may_skip(key: str, j: int) -> bool:
-        windows = sc.windows.get(key, [])
-        window = windows[j] if j < len(windows) else None
+    def may_skip(key: str, j: int) -> bool:     # j indexes a key of sc.histories, whose windows line up (above)
+        window = sc.windows[key][j]
         if horizon is None or window is None:
             return False
         at = read_at(json.loads(key)["k"])
