@@ -26,8 +26,7 @@ Kinds (``kind`` column):
 ``is_static`` marks cells of the static row. ``entry_index`` numbers the partition updates inside a segment
 in file order so that (segment, position, entry_index, seq) orders the log exactly as it was written.
 
-``mutation_id`` (16 bytes) says which mutation a record belongs to: ``hashlib.blake2b(data,
-digest_size=16).digest()`` of the commit-log entry's serialized mutation (``data``: the entry's bytes between its
+``mutation_id`` (16 bytes) says which mutation a record belongs to: ``hashlib.sha256(data).digest()[:16]`` of the commit-log entry's serialized mutation (``data``: the entry's bytes between its
 size CRC and its mutation CRC, exactly what that CRC covers; ``commitlog.model.mutation_id``). Every record of
 one entry carries the same id, and so does every replica's copy of the entry, since replicas serialize a
 mutation to identical bytes. The state engine publishes one change per mutation (``state.events``). Records
@@ -72,7 +71,7 @@ CELL_LOG_SCHEMA = pa.schema([
     pa.field("timestamp", pa.int64(), nullable=False),        # write time (micros) or markedForDeleteAt
     pa.field("ttl", pa.int32(), nullable=False),
     pa.field("local_deletion_time", pa.int64(), nullable=False),
-    pa.field("mutation_id", pa.binary(), nullable=True),     # 16-byte BLAKE2b of the entry's mutation bytes
+    pa.field("mutation_id", pa.binary(), nullable=True),     # SHA-256 of the entry's mutation bytes, 16 bytes
 ])
 
 

@@ -179,7 +179,8 @@ MUTATION_ID_BYTES = 16
 
 
 def mutation_id(entry_bytes: bytes) -> bytes:
-    """What identifies one mutation wherever it was logged: BLAKE2b (16-byte digest) of its serialized bytes.
+    """What identifies one mutation wherever it was logged: the first 16 bytes of the SHA-256 of its serialized
+    bytes.
 
     ``entry_bytes`` are the bytes a commit-log entry's mutation CRC covers (``LogEntry.data``). Every replica
     serializes the same mutation to the same bytes (the coordinator fixes its timestamps, local deletion
@@ -187,8 +188,15 @@ def mutation_id(entry_bytes: bytes) -> bytes:
     copies, hints and batchlog replays of one mutation share the id, while two different writes never do.
     Replicas on different messaging versions (a rolling upgrade) serialize it differently: their copies are then
     two mutations with the same content and write time, and applying the second changes nothing.
+
+    A cryptographic hash, so that no one who can write to the cluster can make a write collide with another and
+    have it dropped as its copy. SHA-256 because processors hash it in hardware (x86 SHA extensions, Armv8's
+    SHA-2 instructions; OpenSSL here, the ``sha2`` crate in the compiled decoder): on the development machine it
+    hashed entries of commit-log sizes 2.8 times as fast as BLAKE2b (1,730 against 624 MB/s), which the compiled
+    decoder spent a third of its time on. The id lives within a batch only (replica copies are dropped before
+    the state merge; nothing stores it), so the digest is not a stored format.
     """
-    return hashlib.blake2b(entry_bytes, digest_size=MUTATION_ID_BYTES).digest()
+    return hashlib.sha256(entry_bytes).digest()[:MUTATION_ID_BYTES]
 
 
 @dataclass(slots=True)

@@ -530,7 +530,7 @@ pub fn decode_entry(buf: &[u8], ctx: &EntryCtx, tables: &mut Tables, cols: &mut 
     let no_ldt = if unsigned_ldt { NO_DELETION_TIME_UINT } else { NO_DELETION_TIME };
     let mut r = Rd { b: buf, p: 0 };
     // every record of the entry belongs to this mutation (`commitlog.model.mutation_id`)
-    let mid: [u8; 16] = blake2b_simd::Params::new().hash_length(16).hash(buf).as_bytes().try_into().unwrap();
+    let mid = crate::mutation_id_of(buf);
     let n = r.uvint32()?;
     if n <= 0 || n as usize > buf.len() {
         return Err(Fail::Bad);
