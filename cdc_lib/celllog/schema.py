@@ -26,11 +26,12 @@ Kinds (``kind`` column):
 ``is_static`` marks cells of the static row. ``entry_index`` numbers the partition updates inside a segment
 in file order so that (segment, position, entry_index, seq) orders the log exactly as it was written.
 
-``mutation_id`` (16 bytes) says which mutation a record belongs to: ``hashlib.sha256(data).digest()[:16]`` of the commit-log entry's serialized mutation (``data``: the entry's bytes between its
-size CRC and its mutation CRC, exactly what that CRC covers; ``commitlog.model.mutation_id``). Every record of
-one entry carries the same id, and so does every replica's copy of the entry, since replicas serialize a
-mutation to identical bytes. The state engine publishes one change per mutation (``state.events``). Records
-that come from no commit-log entry (SSTable or CQL backfill, the expiry sweep's marker rows) have it null.
+``mutation_id`` (16 bytes) says which mutation a record belongs to: ``hashlib.sha256(data).digest()[:16]`` of
+the commit-log entry's serialized mutation (``data``: the entry's bytes between its size CRC and its mutation
+CRC, exactly what that CRC covers; ``commitlog.model.mutation_id``). Every record of one entry carries the same
+id, and so does every replica's copy of the entry, since replicas serialize a mutation to identical bytes. The
+state engine publishes one change per mutation (``state.events``). Records that come from no commit-log entry
+(SSTable or CQL backfill, the expiry sweep's marker rows) have it null.
 """
 from __future__ import annotations
 

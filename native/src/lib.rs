@@ -429,17 +429,10 @@ fn token(key: &[u8]) -> i64 {
     murmur3::token(key)
 }
 
-/// `commitlog.model.mutation_id` of an entry's bytes: the first 16 bytes of their SHA-256 (the `sha2` crate
-/// uses the processor's SHA instructions where it has them).
-pub fn mutation_id_of(data: &[u8]) -> [u8; 16] {
-    use sha2::Digest;
-    sha2::Sha256::digest(data)[..16].try_into().expect("a SHA-256 digest has 32 bytes")
-}
-
 /// `commitlog.model.mutation_id` of an entry's bytes (for tests).
 #[pyfunction]
 fn mutation_id<'py>(py: Python<'py>, data: &[u8]) -> Bound<'py, PyBytes> {
-    PyBytes::new(py, &mutation_id_of(data))
+    PyBytes::new(py, &decode::mutation_id(data))
 }
 
 
