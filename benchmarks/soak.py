@@ -398,16 +398,20 @@ class Faults(threading.Thread):
         return f"Kafka pid {pid} SIGKILLed, started again on its data"
 
     def _task(self) -> str:
-        """SIGKILL the running task (the task process, or the Airflow process running the DAG's tasks) 1 s to 0.8
-        times the last batch's run time into a run that has segments to process (or a batch to resume): before the
-        end a run of the last one's length would reach (on a quiet machine a batch in process takes 3-5 s: a kill
-        10 s in never came); a run that ends before is let go and the next one tried."""
+        """SIGKILL the running task (the task process, or the Airflow process running the DAG's tasks) at a random
+        moment between 1 s (or half the last batch's run time, when that is less than 2 s) and 0.8 times the last
+        batch's run time into a run that has segments to process (or a batch to resume): before the end a run of
+        the last one's length would reach. On a quiet machine a batch in process takes 3-5 s (a kill 10 s in never
+        came); on a fast one a whole run took less than a second, and a kill no sooner than 1 s in never came
+        either. A run that ends before is let go and the next one tried."""
         tasks, soak = self.soak.tasks, self.soak
         for _ in range(240):
             pid = tasks.running_pid()
             waiting = len(soak.store.list(Layout.area_prefix(Layout.INCOMING, CLUSTER)))
             if pid is not None and waiting:
-                target = tasks.started_at + self.rng.uniform(1.0, max(1.0, 0.8 * tasks.last_batch_s))
+                last = tasks.last_batch_s
+                earliest = min(1.0, 0.5 * last)
+                target = tasks.started_at + self.rng.uniform(earliest, max(earliest, 0.8 * last))
                 time.sleep(max(0.0, target - time.monotonic()))
                 job = "; its Spark job was running" if soak.spark is not None and _spark_jobs(pid) else ""
                 killed_before = tasks.runs["killed"]
@@ -425,7 +429,7 @@ class Faults(threading.Thread):
                         return (f"{what} pid {pid} SIGKILLed {into:.1f} s into its run ({waiting} segment(s) in "
                                 f"incoming/{job})")
             time.sleep(0.5)
-        return "no task ran long enough to be killed"
+        return f"no task ran long enough to be killed (the last batch's run: {tasks.last_batch_s:.1f} s)"
 
     def _spark_worker(self) -> str:
         """SIGKILL the Spark worker's JVM, while one of its executors runs a batch's job when one does within two
