@@ -522,11 +522,10 @@ fn range_tombstones(cols: &mut Columns, us: &UpdState, sc: &Scratch) -> R<()> {
     Ok(())
 }
 
-/// `commitlog.model.mutation_id` of an entry's bytes: the first 16 bytes of their SHA-256 (the `sha2` crate
-/// uses the processor's SHA instructions where it has them).
+/// `commitlog.model.mutation_id` of an entry's bytes: the first 16 bytes of their SHA-256 (with the processor's
+/// SHA instructions where it has them: `sha256`).
 pub fn mutation_id(data: &[u8]) -> [u8; 16] {
-    use sha2::Digest;
-    sha2::Sha256::digest(data)[..16].try_into().expect("a SHA-256 digest has 32 bytes")
+    crate::sha256::digest16(data)
 }
 
 /// Decode one mutation into `cols`; returns its number of partition updates. On `Err` the caller truncates

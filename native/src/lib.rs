@@ -21,6 +21,7 @@ pub mod container;
 pub mod decode;
 pub mod fxhash;
 pub mod murmur3;
+pub mod sha256;
 pub mod state;
 
 use columns::{Bits, Columns, OptBool, Var};

@@ -1078,6 +1078,7 @@ fn process_run<'a>(em: &Emitter, stored: &Stored<'a>, log: &CellLog<'a>, sorted:
             }
         }
     }
+    em.finish_ids(&mut out.events);
     phases::flush();
     Ok(out)
 }

@@ -5,11 +5,9 @@
 
 use std::cmp::Ordering;
 
-use sha2::{Digest, Sha256};
-
 use super::engine::{compare_clustering, decode_clustering, row_shadow_ts, Cell, Del, PartitionState, RowState};
 use super::images::{in_path_order, ImageSet, Img, Item, RowKey, IV};
-use super::out::Events;
+use super::out::{Events, PendingId};
 use super::phases::{Clock, Phase};
 use super::table::{ColId, Role, Table};
 use super::text::{json_str, push_i128, push_i64, push_text};
@@ -64,7 +62,7 @@ pub struct Emitter<'a> {
     row_cols: Vec<(ColId, String, bool)>,
     /// SHA-256 over what every event id of the table starts with (`event_id_input`'s tag and table id): a block
     /// hashed once instead of for each event
-    id_hasher: Sha256,
+    id_hasher: crate::sha256::Prefixed,
 }
 
 impl<'a> Emitter<'a> {
@@ -88,7 +86,7 @@ impl<'a> Emitter<'a> {
         debug_assert!(row_cols.windows(2).all(|w| w[0].0 < w[1].0), "current columns' ids follow their names");
         let mut prefix = Vec::new();
         id_input_prefix(t, &mut prefix);
-        Emitter { t, ctx, source_prefix, id_prefix, row_cols, id_hasher: Sha256::new_with_prefix(&prefix) }
+        Emitter { t, ctx, source_prefix, id_prefix, row_cols, id_hasher: crate::sha256::Prefixed::new(&prefix) }
     }
 
     /// `_Emitter.diff`: one event per row whose images differ, rows in clustering order. `keys`: room for the
@@ -137,10 +135,21 @@ impl<'a> Emitter<'a> {
         let mut clock = Clock::start();
         event_id_input(t, pk, key, op, ts_us, expired, part, a, &mut out.scratch)?;
         clock.lap(Phase::EventsIdText);
-        let hex = hex_id(&event_id_of(&self.id_hasher, &out.scratch));
+        // ids are hashed two at a time (`sha256::Prefixed::digest16_pair`): the first of a pair waits, its digits
+        // written as zeros until the second's event comes (`out::Events::pending_id`)
+        let waits = out.pending_id.is_none();
+        let hex = match &out.pending_id {
+            Some(_) => {
+                let (first, second) = self.id_hasher.digest16_pair(&out.pending_input, &out.scratch);
+                out.fill_pending_id(&hex_id(&first));
+                hex_id(&second)
+            }
+            None => [b'0'; 32],
+        };
         clock.lap(Phase::EventsIdHash);
         // SAFETY: hex digits
         let hex = unsafe { std::str::from_utf8_unchecked(&hex) };
+        let id_at = out.event_id.data_len();
         out.event_id.push_str_with(|id| {
             push_text(id, hex);
             Ok(())
@@ -151,8 +160,9 @@ impl<'a> Emitter<'a> {
         key_columns_json(key_text, t, pk, key)?;
         let key_text = &out.key_text;
         let segments = &mut out.segments;
+        let mut json_at = 0;
         out.event_json.push_str_with(|ej| {
-            self.event_json(ej, key_text, b, a, ts_us, source, expired, op, hex, segments)
+            self.event_json(ej, key_text, b, a, ts_us, source, expired, op, hex, segments, &mut json_at)
         })?;
         clock.lap(Phase::EventsJson);
         out.key_json.push_str_with(|kj| {
@@ -163,7 +173,19 @@ impl<'a> Emitter<'a> {
         })?;
         clock.lap(Phase::EventsKey);
         out.push_partition_columns(pk, op, ts_us);
+        if waits {
+            out.pending_id = Some(PendingId { event: out.len() - 1, id_at, json_at });
+            std::mem::swap(&mut out.scratch, &mut out.pending_input);
+        }
         Ok(())
+    }
+
+    /// The id of the event still waiting for a second to be hashed with, hashed alone: at the end of a run.
+    pub fn finish_ids(&self, out: &mut Events) {
+        if out.pending_id.is_some() {
+            let digest = self.id_hasher.digest16(&out.pending_input);
+            out.fill_pending_id(&hex_id(&digest));
+        }
     }
 
     /// `json.dumps(to_json_row(table, typed_row(...)))` or null; `key_text`: the key columns'
@@ -195,8 +217,8 @@ impl<'a> Emitter<'a> {
     /// The event's JSON envelope (`outbox_row`'s `event_json`).
     #[allow(clippy::too_many_arguments)]
     fn event_json(&self, ej: &mut String, key_text: &str, b: Option<Img>, a: Option<Img>, ts_us: i64,
-                  source: Option<(&[u8], i64)>, expired: bool, op: u8, hex: &str, segments: &mut SegmentJson)
-                  -> D<()> {
+                  source: Option<(&[u8], i64)>, expired: bool, op: u8, hex: &str, segments: &mut SegmentJson,
+                  id_at: &mut usize) -> D<()> {
         let t = self.t;
         ej.push_str("{\"before\":");
         self.row_json(ej, key_text, b)?;
@@ -220,6 +242,7 @@ impl<'a> Emitter<'a> {
             _ => 2,
         };
         push_text(ej, &self.id_prefix[expired as usize][op_index]);
+        *id_at = ej.len();
         push_text(ej, hex);
         ej.push_str("\",\"changed\":[");
         let mut first = true;
@@ -383,6 +406,9 @@ fn hex_id(digest: &[u8; 16]) -> [u8; 32] {
 }
 
 // ---- event ids: SHA-256 of a canonical encoding of the change and the row's state (`state.events._event_id`) -------
+//
+// An id is the first 16 bytes (32 hex digits) of SHA-256 over `id_input_prefix`, then `event_id_input`; the
+// `Emitter` hashes the first once (`id_hasher`) and each event's input from there.
 
 /// What the encoding starts with: its name and version.
 const ID_TAG: &[u8] = b"cassandra-cdc event id 2\n";
@@ -540,8 +566,3 @@ pub fn event_id_input(t: &Table, pk: &[u8], key: RowKey, op: u8, ts_us: i64, exp
     Ok(())
 }
 
-/// `events._event_id`: the first 16 bytes (32 hex digits) of SHA-256 over `id_input_prefix`, then
-/// `event_id_input` (`prefixed`: the hash of the first, to go on from).
-pub fn event_id_of(prefixed: &Sha256, input: &[u8]) -> [u8; 16] {
-    prefixed.clone().chain_update(input).finalize()[..16].try_into().expect("a SHA-256 digest has 32 bytes")
-}

@@ -168,6 +168,22 @@ impl Out {
         }
     }
 
+    /// How many bytes a binary/string column holds.
+    pub fn data_len(&self) -> usize {
+        match self {
+            Out::Var { data, .. } => data.len(),
+            _ => unreachable!("data_len() on a non-binary column"),
+        }
+    }
+
+    /// Write `b` over a binary/string column's bytes from `at` on (bytes of the same kind: ASCII over ASCII).
+    pub fn overwrite(&mut self, at: usize, b: &[u8]) {
+        match self {
+            Out::Var { data, .. } => data[at..at + b.len()].copy_from_slice(b),
+            _ => unreachable!("overwrite() on a non-binary column"),
+        }
+    }
+
     pub fn bytes(&mut self, b: &[u8]) {
         if let Out::Var { offsets, data, valid } = self {
             crate::columns::append(data, b);
@@ -421,6 +437,17 @@ pub struct Events {
     pub key_text: String,
     /// the segment name the last event named, as JSON
     pub segments: SegmentJson,
+    /// the event whose id waits to be hashed with the next event's (`events::Emitter::event`), and its input
+    pub pending_id: Option<PendingId>,
+    pub pending_input: Vec<u8>,
+}
+
+/// Where an event's id goes once it is hashed: the event's number, and the offsets of its 32 digits (zeros until
+/// then) in the `event_id` and `event_json` columns' data.
+pub struct PendingId {
+    pub event: usize,
+    pub id_at: usize,
+    pub json_at: usize,
 }
 
 impl Events {
@@ -431,7 +458,16 @@ impl Events {
                  event_id: Out::var_with_capacity(n, 32 * n), op: Out::var_with_capacity(n, n),
                  key_json: Out::var_with_capacity(n, 64 * n), event_json: Out::var_with_capacity(n, 1024 * n),
                  ts_us: Vec::with_capacity(n), current: (0, 0, 0), scratch: Vec::with_capacity(1024),
-                 key_text: String::with_capacity(64), segments: SegmentJson::default() }
+                 key_text: String::with_capacity(64), segments: SegmentJson::default(), pending_id: None,
+                 pending_input: Vec::with_capacity(1024) }
+    }
+
+    /// Write the waiting event's id (`pending_id`), which then waits no more.
+    pub fn fill_pending_id(&mut self, hex: &[u8; 32]) {
+        if let Some(p) = self.pending_id.take() {
+            self.event_id.overwrite(p.id_at, hex);
+            self.event_json.overwrite(p.json_at, hex);
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -456,6 +492,9 @@ impl Events {
 
     /// Drop the events after the first `n` (what a doubted partition wrote).
     pub fn truncate(&mut self, n: usize) {
+        if self.pending_id.as_ref().is_some_and(|p| p.event >= n) {
+            self.pending_id = None;
+        }
         self.partition.truncate(n);
         self.token.truncate(n);
         self.idx.truncate(n);
