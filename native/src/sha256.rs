@@ -6,8 +6,8 @@
 //! two independent messages hashed together, their rounds interleaved, take about 0.75 times as long as one after
 //! the other (docs/benchmarks.md). Where the processor has no SHA
 //! instructions (or is not x86-64), the `sha2` crate's compression function does the blocks, one message after the
-//! other: the digests are the same either way, which the tests check against `sha2` for every length up to three
-//! blocks and every prefix length up to one.
+//! other: the digests are the same either way, which the tests check against `sha2` for every input of up to 200
+//! bytes after prefixes of 0 to 128 bytes.
 
 /// SHA-256's initial hash value (FIPS 180-4, 5.3.3).
 const H0: [u32; 8] = [
