@@ -35,6 +35,15 @@ def read_partition(bootstrap: str, topic: str, isolation: str = "read_uncommitte
     raise AssertionError(f"no end of partition within 10 s; read {values}")
 
 
+def test_ports_asked_for_together_are_distinct():
+    """``free_ports`` keeps each socket bound until all are chosen: ports asked for one after the other could come
+    back the same, and a broker given one port for two listeners refuses to start (seen once in CI)."""
+    from cdc_lib.demo.servers import free_ports
+    for _ in range(50):
+        ports = free_ports(8)
+        assert len(set(ports)) == 8 and all(1024 <= p < 65536 for p in ports)
+
+
 def gone(pid: int) -> bool:
     return not psutil.pid_exists(pid)
 

@@ -51,9 +51,18 @@ class ServerStartError(RuntimeError):
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (the server may still lose a race: we retry)."""
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list:
+    """``n`` distinct TCP ports on 127.0.0.1 that were free a moment ago. Each socket stays bound until all are
+    chosen: ports asked for one after the other can come back the same (the kernel hands a port just released out
+    again), and a Kafka broker given one port for two listeners refuses to start."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind((LOOPBACK, 0))
+        return [s.getsockname()[1] for s in socks]
 
 
 def _port_is_free(port: int) -> bool:
@@ -65,11 +74,12 @@ def _port_is_free(port: int) -> bool:
         return True
 
 
-def _free_port_with_partner(offset: int) -> int:
-    """A free port p such that p + offset is free too (SeaweedFS dials some gRPC ports at http port + 10000)."""
+def _free_port_with_partner(offset: int, taken: frozenset = frozenset()) -> int:
+    """A free port p such that p + offset is free too (SeaweedFS dials some gRPC ports at http port + 10000),
+    neither of them in ``taken`` (ports already chosen for the same server)."""
     for _ in range(200):
         port = free_port()
-        if port + offset < 65536 and _port_is_free(port + offset):
+        if port + offset < 65536 and not {port, port + offset} & taken and _port_is_free(port + offset):
             return port
     raise ServerStartError(f"no free port pair (p, p+{offset}) on {LOOPBACK}")
 
@@ -325,7 +335,7 @@ def run_kafka_broker(workdir: Path | None = None, timeout: float = 60.0, attempt
             if restart:
                 state = json.loads(state_file.read_text())
             else:
-                state = {"ports": {"plain": free_port(), "controller": free_port(), "sasl": free_port()},
+                state = {"ports": dict(zip(("plain", "controller", "sasl"), free_ports(3))),
                          "cluster_id": kafka_cluster_id(), "data": str(workdir / f"data-{attempt}")}
             ports, log_dirs = state["ports"], Path(state["data"])
             conf = workdir / "server.properties"
@@ -396,10 +406,10 @@ def run_schema_registry(workdir: Path | None = None, timeout: float = 90.0) -> I
         raise ServerStartError(f"expected one apicurio-registry-app-*-runner.jar in {part_dir('apicurio')}, "
                                f"found {len(runners)}: run bash scripts/setup.sh")
     workdir, owned = _workdir(workdir, "apicurio-")
-    port = free_port()
+    port, management_port = free_ports(2)
     props = {
         "quarkus.http.host": LOOPBACK, "quarkus.http.port": port,
-        "quarkus.management.host": LOOPBACK, "quarkus.management.port": free_port(),
+        "quarkus.management.host": LOOPBACK, "quarkus.management.port": management_port,
         "quarkus.http.access-log.enabled": "false", "quarkus.banner.enabled": "false",
         "quarkus.log.level": "WARN", 'quarkus.log.category."io.apicurio".level': "WARN",
         # in-memory H2 (the default storage), with a small connection pool (the default keeps 20 open)
@@ -522,9 +532,10 @@ def run_s3_server(workdir: Path | None = None, bucket: str = "cdc-test", timeout
         for attempt in range(1, attempts + 1):
             data_dir = workdir / f"data-{attempt}"
             data_dir.mkdir()
-            ports = {name: free_port() for name in
-                     ("master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc", "s3", "s3.grpc")}
-            admin = _free_port_with_partner(10000)  # its worker dials admin http port + 10000, whatever we set
+            names = ("master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc", "s3", "s3.grpc")
+            ports = dict(zip(names, free_ports(len(names))))
+            # its worker dials admin http port + 10000, whatever we set
+            admin = _free_port_with_partner(10000, frozenset(ports.values()))
             argv = [str(binary), f"-logdir={workdir}",      # its log files, by default in the temporary directory
                     "mini", f"-dir={data_dir}", f"-ip={LOOPBACK}", f"-ip.bind={LOOPBACK}",
                     *(_weed_port_flag(name, port) for name, port in ports.items()),
@@ -657,7 +668,7 @@ def run_spark_cluster(workdir: Path | None = None, workers: int = 2, cores: int 
     workdir, owned = _workdir(workdir, "spark-cluster-")
     env = spark_cluster_env(workdir)
     spark_class = str(Path(env["SPARK_HOME"]) / "bin" / "spark-class")
-    port, web_port = free_port(), free_port()
+    port, web_port = free_ports(2)
     master_url, web_url = f"spark://{LOOPBACK}:{port}", f"http://{LOOPBACK}:{web_port}"
     procs: list = []
     t0 = time.monotonic()
@@ -670,12 +681,12 @@ def run_spark_cluster(workdir: Path | None = None, workers: int = 2, cores: int 
     def start_worker(n: int) -> ServerProcess:
         wdir = worker_dirs[n - 1]
         wdir.mkdir(parents=True, exist_ok=True)
-        worker_port = free_port()
+        worker_port, worker_web_port = free_ports(2)
         # ready when the master lists a worker on this port ALIVE (after a kill, its count of ALIVE workers may
         # still include the dead one for a moment)
         return start(f"spark-worker-{n}", [spark_class, "org.apache.spark.deploy.worker.Worker", master_url,
                                            "--host", LOOPBACK, "--port", str(worker_port),
-                                           "--webui-port", str(free_port()), "--cores", str(cores),
+                                           "--webui-port", str(worker_web_port), "--cores", str(cores),
                                            "--memory", memory, "--work-dir", str(wdir)],
                      lambda p: worker_port in _alive_worker_ports(web_url))
 
