@@ -191,8 +191,8 @@ def mutation_id(entry_bytes: bytes) -> bytes:
 
     A cryptographic hash, so that no one who can write to the cluster can make a write collide with another and
     have it dropped as its copy. SHA-256 because processors hash it in hardware (x86 SHA extensions, Armv8's
-    SHA-2 instructions; OpenSSL here, the ``sha2`` crate in the compiled decoder): on the development machine it
-    hashed inputs sized as commit-log entries 2.8 times as fast as BLAKE2b (1,730 against 624 MB/s), which the
+    SHA-2 instructions; OpenSSL here, ``native/src/sha256.rs`` in the compiled decoder): on the development machine
+    it hashed inputs sized as commit-log entries 2.8 times as fast as BLAKE2b (1,730 against 624 MB/s), which the
     compiled decoder spent a third of its time on. Without those instructions (Intel before Ice Lake) SHA-256 in
     software is slower than BLAKE2b (362 MB/s); the id must be the same wherever a batch is decoded, so it is one
     hash for all. The id lives within a batch only (replica copies are dropped before the state merge; nothing

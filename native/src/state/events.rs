@@ -138,13 +138,12 @@ impl<'a> Emitter<'a> {
         // ids are hashed two at a time (`sha256::Prefixed::digest16_pair`): the first of a pair waits, its digits
         // written as zeros until the second's event comes (`out::Events::pending_id`)
         let waits = out.pending_id.is_none();
-        let hex = match &out.pending_id {
-            Some(_) => {
-                let (first, second) = self.id_hasher.digest16_pair(&out.pending_input, &out.scratch);
-                out.fill_pending_id(&hex_id(&first));
-                hex_id(&second)
-            }
-            None => [b'0'; 32],
+        let hex = if waits {
+            [b'0'; 32]
+        } else {
+            let (first, second) = self.id_hasher.digest16_pair(&out.pending_input, &out.scratch);
+            out.fill_pending_id(&hex_id(&first));
+            hex_id(&second)
         };
         clock.lap(Phase::EventsIdHash);
         // SAFETY: hex digits
