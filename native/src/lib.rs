@@ -547,14 +547,25 @@ fn process_table<'py>(py: Python<'py>, table_desc: &Bound<'py, PyAny>, cell_log:
     let settings = state::driver::Settings { threads, now, prev_now, batch_seq, cluster };
     let (log_col, st_col) = (&log_cols[..], &st_cols[..]);
     // the engine touches no Python object: other Python threads run meanwhile
-    let grouping = grouping.as_deref().map(|g| &g.grouping);
-    let out = py.detach(|| state::driver::process_table(&mut table, log_col, st_col, &expiring, grouping, &settings))
+    let given = grouping.as_deref();
+    let out = py.detach(|| state::driver::process_table(&mut table, log_col, st_col, &expiring,
+                                                        given.map(|g| &g.grouping), &settings))
         .map_err(PyValueError::new_err)?;
     let d = PyDict::new(py);
     d.set_item("grouped", out.grouped)?;
-    // the partitions in publish order, as Arrow buffers: (binary keys, their int64 tokens)
-    d.set_item("keys", out_spec(py, out.keys)?)?;
-    d.set_item("tokens", buf(py, BufData::I64(out.tokens))?)?;
+    // the partitions in publish order, as Arrow buffers: (binary keys, their int64 tokens), the grouping's own
+    // when they are its partitions
+    match (out.keys, given) {
+        (Some((keys, tokens)), _) => {
+            d.set_item("keys", out_spec(py, keys)?)?;
+            d.set_item("tokens", buf(py, BufData::I64(tokens))?)?;
+        }
+        (None, Some(g)) => {
+            d.set_item("keys", g.keys.clone_ref(py))?;
+            d.set_item("tokens", g.tokens.clone_ref(py))?;
+        }
+        (None, None) => return Err(PyValueError::new_err("the engine named no partitions and was given none")),
+    }
     // one entry per thread's run: {doubted, changed, event_partition, event_ts_us, event_token, event_idx, event
     // columns, state columns}
     let runs = PyList::empty(py);
@@ -611,7 +622,9 @@ fn partition_keys<'py>(py: Python<'py>, pks: &Bound<'py, PyAny>, tokens: &Bound<
     let (keys, toks, grouping) = py.detach(|| state::driver::partition_keys(&pk_cols, &token_cols, threads))
         .map_err(PyValueError::new_err)?;
     let made_from = (pk_chunks.into_any().unbind(), token_chunks.into_any().unbind());
-    Ok((out_spec(py, keys)?, buf(py, BufData::I64(toks))?, Grouping { grouping, _made_from: made_from }))
+    let (keys, tokens) = (out_spec(py, keys)?, buf(py, BufData::I64(toks))?);
+    let (k, t) = (keys.clone_ref(py), tokens.clone_ref(py));
+    Ok((keys, tokens, Grouping { grouping, _made_from: made_from, keys: k, tokens: t }))
 }
 
 /// How `partition_keys` grouped a cell log's records into partitions, for `process_table` on the same record
@@ -622,6 +635,10 @@ fn partition_keys<'py>(py: Python<'py>, pks: &Bound<'py, PyAny>, tokens: &Bound<
 struct Grouping {
     grouping: state::driver::Grouping,
     _made_from: (Py<PyAny>, Py<PyAny>),
+    /// the partitions' keys and tokens as `partition_keys` handed them over: `process_table` hands the same back
+    /// rather than a copy
+    keys: Py<PyAny>,
+    tokens: Py<PyAny>,
 }
 
 #[pymodule]

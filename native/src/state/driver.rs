@@ -20,9 +20,9 @@ use super::types::D;
 
 
 pub struct Output {
-    /// every partition of the batch, in publish order: its key (binary) and token
-    pub keys: Out,
-    pub tokens: Vec<i64>,
+    /// every partition of the batch, in publish order: its key (binary) and token; None when they are the
+    /// partitions of the `Grouping` given (`partition_keys` handed them over already)
+    pub keys: Option<(Out, Vec<i64>)>,
     /// the threads' outputs, in publish order
     pub runs: Vec<Run>,
     /// whether the records were grouped as the `Grouping` given said, rather than sorted again
@@ -580,34 +580,48 @@ fn process_partition<'a>(em: &Emitter, pk: &[u8], recs: &[Rec<'a>], w: &mut Work
 struct Grouped {
     /// every record's place, sorted by token, then key bytes, then place: a partition's records are one run
     sorted: Vec<Rid>,
-    /// each partition's token and the index in `sorted` of its first record (its records run to the next one's)
-    starts: Vec<(i64, usize)>,
-    /// each partition's key, in publish order (`key_data[key_offsets[i]..key_offsets[i + 1]]`): copied while
-    /// grouping, so that what follows reads them in order, not scattered over the cell log
-    key_offsets: Vec<i32>,
-    key_data: Vec<u8>,
+    /// the partitions, as each thread that grouped them found them, in publish order: each partition's token,
+    /// the index in `sorted` of its first record (its records run to the next one's) and its key. Kept as the
+    /// threads left them, not joined: a first batch of a process pays the kernel for every page a copy takes.
+    spans: Vec<SpanGroups>,
     /// the records came in token order and were taken in place: `sorted` walks the cell log forwards
     in_log_order: bool,
 }
 
 impl Grouped {
-    fn key(&self, i: usize) -> &[u8] {
-        &self.key_data[self.key_offsets[i] as usize..self.key_offsets[i + 1] as usize]
-    }
-
     /// Each partition's key, token and records.
     fn parts(&self) -> Vec<Part<'_>> {
-        let ends = self.starts.iter().skip(1).map(|s| s.1).chain([self.sorted.len()]);
-        self.starts.iter().zip(ends).enumerate()
-            .map(|(i, (&(token, start), end))| Part { pk: self.key(i), token, recs: start..end })
-            .collect()
+        let mut parts = Vec::with_capacity(self.spans.iter().map(|g| g.starts.len()).sum());
+        for g in &self.spans {
+            let mut key_start = 0;
+            parts.extend(g.starts.iter().zip(&g.key_ends).map(|(&(token, start), &end)| {
+                let pk = &g.key_data[key_start..end as usize];
+                key_start = end as usize;
+                Part { pk, token, recs: start..start }
+            }));
+        }
+        // each partition's records run to the next one's first
+        let mut end = self.sorted.len();
+        for p in parts.iter_mut().rev() {
+            p.recs.end = end;
+            end = p.recs.start;
+        }
+        parts
     }
 
     /// The partitions as Arrow buffers: (binary keys, their tokens).
     fn keys_and_tokens(&self) -> (Out, Vec<i64>) {
-        let keys = Out::Var { offsets: self.key_offsets.clone(), data: self.key_data.clone(),
-                              valid: Validity::valid(self.starts.len()) };
-        (keys, self.starts.iter().map(|s| s.0).collect())
+        let n = self.spans.iter().map(|g| g.starts.len()).sum();
+        let mut offsets = Vec::with_capacity(n + 1);
+        offsets.push(0);
+        let mut data = Vec::with_capacity(self.spans.iter().map(|g| g.key_data.len()).sum());
+        for g in &self.spans {
+            let base = data.len() as i32;
+            offsets.extend(g.key_ends.iter().map(|e| base + *e as i32));
+            data.extend_from_slice(&g.key_data);
+        }
+        let tokens = self.spans.iter().flat_map(|g| g.starts.iter().map(|s| s.0)).collect();
+        (Out::Var { offsets, data, valid: Validity::valid(n) }, tokens)
     }
 }
 
@@ -642,44 +656,97 @@ impl Grouping {
 fn group_partitions(pks: &[&Col], tokens: &[&Col], threads: usize) -> Grouped {
     let n: usize = tokens.iter().map(|c| c.len).sum();
     // records already in token order (a chunk as the Spark job's shuffle sorts it): taken as they are, in runs of
-    // whole tokens, with no bucket to sort
-    let in_order = tokens_in_order(tokens);
-    let (mut sorted, bounds) = if in_order { in_log_order(tokens, n) } else { by_bucket(tokens, n) };
+    // whole tokens, with no bucket to sort, their tokens read from the column (no (token, place) pairs: a first
+    // batch of a process pays the kernel for every fresh page, 32 MB of pairs for 2M records)
+    if tokens_in_order(tokens) {
+        let (sorted, bounds) = in_log_order(tokens, n);
+        let token = |r: &Rid| tokens[r.chunk as usize].i64(r.row as usize);
+        grouped(pks, sorted, &bounds, threads, true, token)
+    } else {
+        let (sorted, bounds) = by_bucket(tokens, n);
+        grouped(pks, sorted, &bounds, threads, false, |x: &(i64, u64)| x.0)
+    }
+}
+
+/// A record's place in what `group_span` groups: with its token beside it (records bucketed by token), or alone
+/// (records in token order, whose tokens are read from the column).
+trait Placed: Copy + Send + Sized {
+    fn rid(&self) -> Rid;
+    /// a bucket's records sorted by token, then as the cell log is
+    fn sort(recs: &mut [Self]);
+}
+
+impl Placed for Rid {
+    #[inline]
+    fn rid(&self) -> Rid {
+        *self
+    }
+
+    /// records in token order are in order already
+    fn sort(_: &mut [Rid]) {}
+}
+
+/// (token, `Rid::packed`): sorted by token, then as the cell log is
+impl Placed for (i64, u64) {
+    #[inline]
+    fn rid(&self) -> Rid {
+        Rid::unpack(self.1)
+    }
+
+    fn sort(recs: &mut [(i64, u64)]) {
+        recs.sort_unstable();
+    }
+}
+
+/// `group_partitions`' work on `sorted` (records, in buckets of whole tokens that `bounds` delimits; `token`: a
+/// record's token): contiguous buckets per thread, each thread's run grouped by `group_span`, the partitions
+/// joined in order.
+fn grouped<P: Placed, T: Fn(&P) -> i64 + Sync>(pks: &[&Col], mut sorted: Vec<P>, bounds: &[usize], threads: usize,
+                                                 in_log_order: bool, token: T) -> Grouped
+where Vec<P>: IntoRids {
+    let n = sorted.len();
     // contiguous buckets per thread, about as many records each (a small batch: one thread)
     let threads = threads.clamp(1, (n / 65536).max(1));
     let mut cuts: Vec<usize> = (1..threads).map(|i| bounds.partition_point(|&b| b < n * i / threads))
         .filter(|&b| b > 0 && b < bounds.len() - 1).collect();
     cuts.dedup();
     let mut spans = Vec::with_capacity(cuts.len() + 1);
-    let mut rest: &mut [(i64, u64)] = &mut sorted;
+    let mut rest: &mut [P] = &mut sorted;
     let mut first = 0;
     for b in cuts.into_iter().chain([bounds.len() - 1]) {
         let (mine, others) = rest.split_at_mut(bounds[b] - bounds[first]);
         spans.push((mine, &bounds[first..=b]));
         (rest, first) = (others, b);
     }
+    let token = &token;
     let done: Vec<SpanGroups> = if spans.len() == 1 {
-        spans.into_iter().map(|(recs, bounds)| group_span(pks, recs, bounds, !in_order)).collect()
+        spans.into_iter().map(|(recs, bounds)| group_span(pks, recs, bounds, token)).collect()
     } else {
         std::thread::scope(|scope| {
             let handles: Vec<_> = spans.into_iter()
-                .map(|(recs, bounds)| scope.spawn(move || group_span(pks, recs, bounds, !in_order)))
+                .map(|(recs, bounds)| scope.spawn(move || group_span(pks, recs, bounds, token)))
                 .collect();
             handles.into_iter().map(|h| h.join().expect("grouping a batch's records panicked")).collect()
         })
     };
-    // the spans' partitions and keys, one after the other
-    let parts: usize = done.iter().map(|d| d.starts.len()).sum();
-    let mut key_offsets = Vec::with_capacity(parts + 1);
-    key_offsets.push(0);
-    let mut key_data = Vec::with_capacity(done.iter().map(|d| d.key_data.len()).sum());
-    for d in &done {
-        let base = key_data.len() as i32;
-        key_offsets.extend(d.key_ends.iter().map(|e| base + *e as i32));
-        key_data.extend_from_slice(&d.key_data);
+    Grouped { sorted: sorted.into_rids(), spans: done, in_log_order }
+}
+
+/// The records' places alone, in the order grouped.
+trait IntoRids {
+    fn into_rids(self) -> Vec<Rid>;
+}
+
+impl IntoRids for Vec<Rid> {
+    fn into_rids(self) -> Vec<Rid> {
+        self
     }
-    Grouped { sorted: sorted.into_iter().map(|x| Rid::unpack(x.1)).collect(),
-              starts: done.into_iter().flat_map(|d| d.starts).collect(), key_offsets, key_data, in_log_order: in_order }
+}
+
+impl IntoRids for Vec<(i64, u64)> {
+    fn into_rids(self) -> Vec<Rid> {
+        self.into_iter().map(|x| Rid::unpack(x.1)).collect()
+    }
 }
 
 /// Whether the records' tokens never decrease, record batch after record batch.
@@ -695,16 +762,17 @@ fn tokens_in_order(tokens: &[&Col]) -> bool {
 
 /// The records in cell-log order (already in token order), and bounds of runs of about 4,096 of them cut where the
 /// token changes: the buckets `group_partitions` spreads over threads.
-fn in_log_order(tokens: &[&Col], n: usize) -> (Vec<(i64, u64)>, Vec<usize>) {
+fn in_log_order(tokens: &[&Col], n: usize) -> (Vec<Rid>, Vec<usize>) {
     let mut sorted = Vec::with_capacity(n);
     for (c, tk) in tokens.iter().enumerate() {
-        sorted.extend((0..tk.len).map(|row| (tk.i64(row), Rid { chunk: c as u32, row: row as u32 }.packed())));
+        sorted.extend((0..tk.len).map(|row| Rid { chunk: c as u32, row: row as u32 }));
     }
+    let token = |r: Rid| tokens[r.chunk as usize].i64(r.row as usize);
     let mut bounds = vec![0];
     let mut at = 0;
     while at < n {
         let mut end = (at + 4096).min(n);
-        while end < n && sorted[end].0 == sorted[end - 1].0 {
+        while end < n && token(sorted[end]) == token(sorted[end - 1]) {
             end += 1;
         }
         bounds.push(end);
@@ -751,20 +819,18 @@ struct SpanGroups {
 }
 
 /// `group_partitions`' work on one run of buckets: `recs`, the records of the buckets `bounds` delimits (indexes
-/// of the whole batch's records), each bucket sorted first if `sort`; its partitions by those indexes, and their
-/// keys.
-fn group_span(pks: &[&Col], recs: &mut [(i64, u64)], bounds: &[usize], sort: bool) -> SpanGroups {
+/// of the whole batch's records), each bucket sorted first (`Placed::sort`); its partitions by those indexes, and
+/// their keys. `token`: a record's token.
+fn group_span<P: Placed>(pks: &[&Col], recs: &mut [P], bounds: &[usize], token: &impl Fn(&P) -> i64) -> SpanGroups {
     let base = bounds[0];
-    if sort {
-        for w in bounds.windows(2) {
-            recs[w[0] - base..w[1] - base].sort_unstable();
-        }
+    for w in bounds.windows(2) {
+        P::sort(&mut recs[w[0] - base..w[1] - base]);
     }
-    let at = |x: &(i64, u64)| {
-        let r = Rid::unpack(x.1);
+    let at = |x: &P| {
+        let r = x.rid();
         (pks[r.chunk as usize], r.row as usize)
     };
-    let pk = |x: &(i64, u64)| {
+    let pk = |x: &P| {
         let (col, row) = at(x);
         col.bytes(row)
     };
@@ -781,8 +847,8 @@ fn group_span(pks: &[&Col], recs: &mut [(i64, u64)], bounds: &[usize], sort: boo
             let (col, row) = at(x);
             col.prefetch_data(row);
         }
-        let token = recs[i].0;
-        let end = i + recs[i..].iter().take_while(|x| x.0 == token).count();
+        let tk = token(&recs[i]);
+        let end = i + recs[i..].iter().take_while(|x| token(x) == tk).count();
         let first = pk(&recs[i]);
         if recs[i + 1..end].iter().any(|x| !key::eq(pk(x), first)) {
             // keys sharing a token: by key, each in cell-log order (a stable sort)
@@ -791,7 +857,7 @@ fn group_span(pks: &[&Col], recs: &mut [(i64, u64)], bounds: &[usize], sort: boo
         let mut j = i;
         while j < end {
             let key = pk(&recs[j]);
-            out.starts.push((token, base + j));
+            out.starts.push((tk, base + j));
             crate::columns::append(&mut out.key_data, key);
             out.key_ends.push(out.key_data.len() as u32);
             j += 1 + recs[j + 1..end].iter().take_while(|x| key::eq(pk(x), key)).count();
@@ -856,7 +922,7 @@ pub fn process_table(t: &mut Table, cell_log: &[Col], stored: &[Col], expiring: 
         log.intern(t);
         let column_ids = stored.column_ids(t);
         let order = grouped_by.parts();
-        let listed = expiring.is_empty().then(|| grouped_by.keys_and_tokens());
+        let listed = (expiring.is_empty() && given.is_none()).then(|| grouped_by.keys_and_tokens());
         (order, listed, column_ids, index.join().expect("the stored records' index panicked"))
     });
     let log = log;
@@ -872,13 +938,16 @@ pub fn process_table(t: &mut Table, cell_log: &[Col], stored: &[Col], expiring: 
             swept = true;
         }
     }
-    // the partitions in publish order, as Arrow buffers
-    let (keys, tokens) = if swept {
+    // the partitions in publish order, as Arrow buffers, unless they are the given grouping's (no copy of
+    // them: a first batch of a process pays the kernel for every fresh page)
+    let keys = if swept {
         order.sort_by(by_order);
         order.dedup_by(|a, b| a.pk == b.pk && a.token == b.token);
-        keys_and_tokens(&order)
+        Some(keys_and_tokens(&order))
+    } else if given.is_some() {
+        None
     } else {
-        listed.unwrap_or_else(|| grouped_by.keys_and_tokens())
+        Some(listed.unwrap_or_else(|| grouped_by.keys_and_tokens()))
     };
     let t: &Table = t;
     let ctx = EventCtx { cluster: s.cluster, node: "", ts_ms: s.now * 1000 };
@@ -914,7 +983,7 @@ pub fn process_table(t: &mut Table, cell_log: &[Col], stored: &[Col], expiring: 
     if runs.iter_mut().any(|r| r.overflowed()) {
         return Err("a batch too large for 32-bit Arrow offsets".into());
     }
-    Ok(Output { keys, tokens, runs, grouped: given.is_some() })
+    Ok(Output { keys, runs, grouped: given.is_some() })
 }
 
 /// The fewest records worth a run of their own: below it, handing a run to another thread costs more than it saves.
