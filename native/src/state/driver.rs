@@ -674,6 +674,8 @@ trait Placed: Copy + Send + Sized {
     fn rid(&self) -> Rid;
     /// a bucket's records sorted by token, then as the cell log is
     fn sort(recs: &mut [Self]);
+    /// the places alone, in the order grouped
+    fn into_rids(recs: Vec<Self>) -> Vec<Rid>;
 }
 
 impl Placed for Rid {
@@ -684,6 +686,10 @@ impl Placed for Rid {
 
     /// records in token order are in order already
     fn sort(_: &mut [Rid]) {}
+
+    fn into_rids(recs: Vec<Rid>) -> Vec<Rid> {
+        recs
+    }
 }
 
 /// (token, `Rid::packed`): sorted by token, then as the cell log is
@@ -696,14 +702,17 @@ impl Placed for (i64, u64) {
     fn sort(recs: &mut [(i64, u64)]) {
         recs.sort_unstable();
     }
+
+    fn into_rids(recs: Vec<(i64, u64)>) -> Vec<Rid> {
+        recs.into_iter().map(|x| Rid::unpack(x.1)).collect()
+    }
 }
 
 /// `group_partitions`' work on `sorted` (records, in buckets of whole tokens that `bounds` delimits; `token`: a
-/// record's token): contiguous buckets per thread, each thread's run grouped by `group_span`, the partitions
-/// joined in order.
+/// record's token): contiguous buckets per thread, each thread's run grouped by `group_span`, the runs' partitions
+/// kept in order.
 fn grouped<P: Placed, T: Fn(&P) -> i64 + Sync>(pks: &[&Col], mut sorted: Vec<P>, bounds: &[usize], threads: usize,
-                                                 in_log_order: bool, token: T) -> Grouped
-where Vec<P>: IntoRids {
+                                                 in_log_order: bool, token: T) -> Grouped {
     let n = sorted.len();
     // contiguous buckets per thread, about as many records each (a small batch: one thread)
     let threads = threads.clamp(1, (n / 65536).max(1));
@@ -729,24 +738,7 @@ where Vec<P>: IntoRids {
             handles.into_iter().map(|h| h.join().expect("grouping a batch's records panicked")).collect()
         })
     };
-    Grouped { sorted: sorted.into_rids(), spans: done, in_log_order }
-}
-
-/// The records' places alone, in the order grouped.
-trait IntoRids {
-    fn into_rids(self) -> Vec<Rid>;
-}
-
-impl IntoRids for Vec<Rid> {
-    fn into_rids(self) -> Vec<Rid> {
-        self
-    }
-}
-
-impl IntoRids for Vec<(i64, u64)> {
-    fn into_rids(self) -> Vec<Rid> {
-        self.into_iter().map(|x| Rid::unpack(x.1)).collect()
-    }
+    Grouped { sorted: P::into_rids(sorted), spans: done, in_log_order }
 }
 
 /// Whether the records' tokens never decrease, record batch after record batch.
