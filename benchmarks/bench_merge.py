@@ -30,9 +30,10 @@ metadata, exactly as ``cdc_lib.sinks.delta`` writes it) is generated vectorised 
   host took back fault in again at about 1 GB/s, pages freed a moment ago about twenty times faster.
 * **output floor** (needs cargo; ``--no-floor`` skips it): ``benchmarks/state_floor``, a small Rust program built
   on first use, writes what the engine writes for this batch at the same sizes (event ids: SHA-256 over inputs as
-  long as the ids', two at a time as the engine hashes them; event JSON with full before and after rows; key JSON; state-row columns) on as many threads as
-  the engine, best of three rounds, and nothing else: no grouping, decoding or merging. The least any engine
-  pays for these outputs, so ``plain upsert / floor`` bounds the ratio any engine can reach on this machine.
+  long as the ids', two at a time as the engine hashes them; event JSON with full before and after rows; key
+  JSON; state-row columns) on as many threads as the engine, best of three rounds, and nothing else: no grouping,
+  decoding or merging. The least any engine pays for these outputs, so ``plain upsert / floor`` bounds the ratio
+  any engine can reach on this machine.
   ``fresh``: into newly allocated memory (as the engine's outputs); ``warm``: into buffers already written. Every
   change is written as an update of an existing row (the ``--new-fraction`` creates have a shorter event), so it
   errs a little high.

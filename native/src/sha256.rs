@@ -60,12 +60,11 @@ impl Prefixed {
         #[cfg(target_arch = "x86_64")]
         if shani::available() {
             let (ma, mb) = (self.message(a), self.message(b));
-            let (mut ha, mut hb) = (self.h, self.h);
             let (mut ba, mut bb) = ([0u8; 64], [0u8; 64]);
             let both = ma.blocks.min(mb.blocks);
             // SAFETY: the processor has the SHA, SSSE3 and SSE4.1 instructions (`available`)
             unsafe {
-                let (mut sa, mut sb) = (shani::State::load(&ha), shani::State::load(&hb));
+                let (mut sa, mut sb) = (shani::State::load(&self.h), shani::State::load(&self.h));
                 for i in 0..both {
                     ma.block(i, &mut ba);
                     mb.block(i, &mut bb);
@@ -79,9 +78,8 @@ impl Prefixed {
                     mb.block(i, &mut bb);
                     shani::compress(&mut sb, &bb);
                 }
-                (ha, hb) = (sa.store(), sb.store());
+                return (first16(&sa.store()), first16(&sb.store()));
             }
-            return (first16(&ha), first16(&hb));
         }
         (self.digest16(a), self.digest16(b))
     }
