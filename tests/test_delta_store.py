@@ -242,6 +242,44 @@ def test_failure_between_outbox_and_state_then_rerun(tmp_path):
         assert a.to_pylist() == b.to_pylist()
 
 
+def _outbox_files(root) -> list:
+    """The Parquet metadata of every file of the outbox under ``root``."""
+    import pyarrow.parquet as pq
+    from deltalake import DeltaTable
+
+    from cdc_lib.sinks.delta import events_table_uri
+    files = DeltaTable(events_table_uri(str(root))).file_uris()
+    return [pq.ParquetFile(f.removeprefix("file://")).metadata for f in files]
+
+
+def _column_chunks(meta, name) -> list:
+    return [meta.row_group(g).column(c) for g in range(meta.num_row_groups) for c in range(meta.num_columns)
+            if meta.row_group(g).column(c).path_in_schema == name]
+
+
+def test_outbox_files_keep_statistics_to_find_a_batch_and_write_event_strings_plainly(tmp_path):
+    """Readers find a batch's outbox rows by ``batch_id`` (file statistics); the strings each event has alone (id,
+    key, envelope) are written without a dictionary or min/max statistics, by the append and by compaction."""
+    from cdc_lib.sinks.delta import OUTBOX_UNIQUE_COLUMNS
+    batches = _batches(3)
+    _run(tmp_path, batches, check=False)
+    appended = _outbox_files(tmp_path)
+    store = DeltaRsStateStore(str(tmp_path))
+    assert store.compact_and_vacuum(store.events_uri(), 0)["files_added"] == 1
+    compacted = _outbox_files(tmp_path)
+    assert len(appended) == len(batches) and len(compacted) == 1
+    for meta in appended + compacted:
+        for name in ("batch_id", "batch_seq", "seq"):
+            assert all(c.is_stats_set and c.statistics.has_min_max for c in _column_chunks(meta, name)), name
+        for name in OUTBOX_UNIQUE_COLUMNS:
+            chunks = _column_chunks(meta, name)
+            assert chunks and not any(c.is_stats_set and c.statistics.has_min_max for c in chunks), name
+            assert not any(c.has_dictionary_page for c in chunks), name
+    rows = list(read_outbox(str(tmp_path), "batch-001"))
+    assert rows and {r["batch_id"] for r in rows} == {"batch-001"}
+    assert [r["seq"] for r in rows] == list(range(len(rows)))
+
+
 # ------------------------------------------------------------------------------------------ types and SQL
 
 def test_every_cql_type_has_a_natural_arrow_column_and_reads_back_from_delta(tmp_path):
