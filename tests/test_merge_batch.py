@@ -372,9 +372,11 @@ def test_spark_driver_killed_between_commits_then_rerun_only_finishes_the_batch(
 
 def test_the_partition_order_is_arrows_stable_sort_by_table_token_key_and_index():
     """The in-process transform sorts the cell log and its events into partition order with integer keys; the order
-    must be the one Arrow's stable ``sort_indices`` over ``GROUP_ORDER`` (``EVENT_ORDER``) gives: tokens shared by
-    several keys, keys that are prefixes of others, equal rows kept in their order, and a table id naming two tables
-    (the fallback). Reconcile then takes each table's rows of a chunk as they come: one run each, or scattered."""
+    must be the one Arrow's stable ``sort_indices`` over ``GROUP_ORDER`` (``EVENT_ORDER``) gives: each key with a
+    token of its own (as murmur3 gives them: the keys are not compared), one token shared by two keys, tokens shared
+    by several keys, keys that are prefixes of others, equal rows kept in their order, and a table id naming two
+    tables (the fallback). Reconcile then takes each table's rows of a chunk as they come: one run each, or
+    scattered."""
     import random
 
     import numpy as np
@@ -386,13 +388,17 @@ def test_the_partition_order_is_arrows_stable_sort_by_table_token_key_and_index(
     names = [("ks_b", "t1", "id-3"), ("ks_a", "t2", "id-1"), ("ks_a", "t1", "id-2"), ("ks_a", "t1", "id-0")]
     keys = [b"", b"\x00", b"\x00\x00", b"a", b"ab", b"b", b"\xff"]
     rows = [(*rnd.choice(names), rnd.choice(keys), rnd.choice([-5, 0, 7])) for _ in range(2000)]
+    own = {k: 40 - 11 * i for i, k in enumerate(keys)}         # a token per key
+    shared = {**own, b"ab": own[b"\x00"]}                      # but two keys with one token
+    by_key = [[(*r[:4], tokens[r[3]]) for r in rows] for tokens in (own, shared)]
 
     def table(rows):
         return pa.table({"keyspace": [r[0] for r in rows], "table": [r[1] for r in rows],
                          "table_id": [r[2] for r in rows], "partition_key": pa.array([r[3] for r in rows], pa.binary()),
                          "token": pa.array([r[4] for r in rows], pa.int64()), "row": list(range(len(rows)))})
     for t in (table(rows), pa.concat_tables([table(rows[:700]), table(rows[700:])]),
-              table(rows + [("ks_z", "renamed", "id-2", b"a", 0)])):       # id-2 names two tables: the fallback
+              table(rows + [("ks_z", "renamed", "id-2", b"a", 0)]),        # id-2 names two tables: the fallback
+              *(table(r) for r in by_key), pa.concat_tables([table(by_key[0][:900]), table(by_key[0][900:])])):
         by_group = [(c, "ascending") for c in GROUP_ORDER]
         assert np.array_equal(np.asarray(_partition_order(t)), pc.sort_indices(t, sort_keys=by_group).to_numpy())
         events = t.rename_columns(["t_keyspace", "t_name", "table_id", "partition_key", "token", "idx"])

@@ -784,9 +784,9 @@ def _partition_order(table: pa.Table, order=GROUP_ORDER):
     """The indices that sort ``table`` by ``order`` (``GROUP_ORDER``, or ``EVENT_ORDER``: a table's keyspace, name
     and id, then token, partition key and, for events, their index), equal rows in their order: what Arrow's stable
     ``pc.sort_indices`` gives, computed as a numpy ``lexsort`` of integer keys (the table's rank by keyspace, name
-    and id; the token; the partition key's rank among the distinct keys; the index), several times faster than
-    comparing strings and bytes row by row. Falls back to ``pc.sort_indices`` where a table id names more than
-    one keyspace and table, or a key column holds nulls."""
+    and id; the token; the partition key's rank among the distinct keys, needed only where two keys share a token;
+    the index), several times faster than comparing strings and bytes row by row. Falls back to
+    ``pc.sort_indices`` where a table id names more than one keyspace and table, or a key column holds nulls."""
     by = [(c, "ascending") for c in order]
     keyspace, name, table_id, token, partition_key, *rest = order
     if not table.num_rows or any(table.column(c).null_count for c in order):
@@ -797,12 +797,26 @@ def _partition_order(table: pa.Table, order=GROUP_ORDER):
     if len(pc.unique(ids)) != len(ids):
         return pc.sort_indices(table, sort_keys=by)
     table_rank = pc.index_in(table.column(table_id), value_set=ids).to_numpy()
+    tokens = table.column(token).to_numpy()
+    rest = [table.column(c).to_numpy() for c in rest]
     keys = table.column(partition_key)
+    # By table and token first: two keys share a token only where murmur3 collides, so the keys need not be ranked
+    # (hashing, sorting and looking up every key: 0.13 of 0.24 s for 800,000 records of 400,000 partitions), only
+    # compared with their neighbours' where those share the table and the token. Where two keys share one, they are
+    # ranked.
+    by_token = np.lexsort([*rest[::-1], tokens, table_rank])        # stable; lexsort's last key is the first
+    rank, tok = table_rank[by_token], tokens[by_token]
+    tied = (rank[1:] == rank[:-1]) & (tok[1:] == tok[:-1])
+    if not tied.any():
+        return by_token
+    ordered = keys.take(by_token)
+    same_key = pc.equal(ordered.slice(1), ordered.slice(0, len(ordered) - 1)).to_numpy(zero_copy_only=False)
+    if not (tied & ~same_key).any():
+        return by_token
     distinct = pc.unique(keys)
     distinct = distinct.take(pc.sort_indices(distinct))
     key_rank = pc.index_in(keys, value_set=distinct).to_numpy()
-    columns = [table_rank, table.column(token).to_numpy(), key_rank] + [table.column(c).to_numpy() for c in rest]
-    return np.lexsort(columns[::-1])        # stable; lexsort's last key is the first
+    return np.lexsort([*rest[::-1], key_rank, tokens, table_rank])
 
 
 def _take(table: pa.Table, indices) -> pa.Table:
