@@ -179,6 +179,36 @@ def test_compiled_engine_gives_the_python_engines_outbox_and_state(cluster, tmp_
         assert _sorted_state(roots["1"] / "backfill", t) == _sorted_state(roots["0"] / "backfill", t), t.name
 
 
+def test_the_in_process_transform_reads_each_tables_stored_rows_once(cluster, tmp_path, monkeypatch):
+    """Reconcile reads the prior state chunk by chunk, each chunk a token range; a state file holds rows of the
+    whole ring, so a read per chunk decoded every file again. In the process, where the whole batch is at hand, each
+    table's stored rows are read once for all its chunks, and the outbox and the state are the core's."""
+    from cdc_lib.spark import merge_job as mb
+    schema, _, batches = cluster
+    nows = [NOW0 + 30, NOW0 + 120]
+    monkeypatch.setattr(mb, "CHUNK_PARTITIONS", 7)      # several chunks per table
+    asked, read = [], []
+    ask, store_read = mb.ReadAhead.read_state_rows, DeltaRsStateStore.read_state_rows
+    monkeypatch.setattr(mb.ReadAhead, "read_state_rows",
+                        lambda self, t, *a, **k: asked.append(t.qualified_name) or ask(self, t, *a, **k))
+    monkeypatch.setattr(DeltaRsStateStore, "read_state_rows",
+                        lambda self, t, *a, **k: read.append(t.qualified_name) or store_read(self, t, *a, **k))
+    root = tmp_path / "driver"
+    for i, paths in enumerate(batches):
+        asked.clear()
+        read.clear()
+        run_batch(None, paths, root=str(root), schema=schema, batch_id=f"b{i}", batch_seq=i + 1, now=nows[i],
+                  prev_now=nows[i - 1] if i else None, cluster="c1")
+        assert read and sorted(read) == sorted(set(read)), read          # one read per table
+        assert set(asked) == set(read) and len(asked) > len(read), (asked, read)
+    core = tmp_path / "core"
+    _core(core, schema, batches, nows)
+    for i in range(2):
+        assert list(read_outbox(str(root), f"b{i}")) == list(read_outbox(str(core), f"b{i}"))
+    for t in schema.tables.values():
+        assert _sorted_state(root, t) == _sorted_state(core, t), t.name
+
+
 def _ttl_segment(directory, schema, at_s):
     """A segment holding one INSERT into shop.sessions with a 60 s TTL, written at ``at_s``."""
     import ipaddress

@@ -45,7 +45,8 @@ Data path on Spark (nothing proportional to the batch passes through the driver)
 Small batches (``driver_batch_max_bytes`` of segments on a local master: the transform step decides, and calls
 ``run_batch`` without a session) run steps 1-3 in the calling process and write with delta-rs
 (``sinks.delta.DeltaRsStateStore``): the same parse and reconcile functions over the same key order, without a
-JVM, task launches or Arrow <-> JVM conversion. The outputs are the same either way (tested).
+JVM, task launches or Arrow <-> JVM conversion, and each table's stored rows read once for the whole batch
+(``ReadAhead``) rather than once per chunk. The outputs are the same either way (tested).
 ``LAST_TIMINGS`` holds the last run's seconds per stage.
 
 Atomicity and reruns: see ``cdc_lib.sinks.delta`` (each commit carries the app transaction ``(app_id, batch_seq)``;
@@ -71,7 +72,7 @@ import pyarrow.compute as pc
 
 from cdc_lib.celllog.schema import CELL_LOG_SCHEMA
 from cdc_lib.sinks.delta import (OUTBOX_SCHEMA, DeltaRsStateStore, change_rows, merge_source_schema, outbox_row,
-                                 rows_to_arrow, table_outputs)
+                                 rows_to_arrow, states_from_rows, table_outputs)
 from cdc_lib.state.batch import process_partition, table_order
 from cdc_lib.state.events import OP_CREATE
 
@@ -425,8 +426,12 @@ def _reconcile(schema, root: str, storage_options: dict, app_id: str, versions: 
                 out.append(pa.RecordBatch.from_pylist(python_rows(store, table, tid, mine), schema=OUT_SCHEMA))
         return out
 
-    def reconcile(batches):
+    def reconcile(batches, read_ahead: Optional[dict] = None):
+        """``read_ahead``: table id -> (keys, tokens) of all the partitions the batches hold (``batch_partitions``),
+        to read each table's stored rows once for all its chunks (``ReadAhead``)."""
         store = DeltaRsStateStore(root, storage_options, app_id=app_id, versions=versions)
+        if read_ahead:
+            store = ReadAhead(store, read_ahead)
         chunk: list = []    # input batches of the chunk's partitions
         n = 0               # partitions begun in the chunk
         last = None         # (table id, partition key) of the last row seen
@@ -445,6 +450,51 @@ def _reconcile(schema, root: str, storage_options: dict, app_id: str, versions: 
         if chunk:
             yield from flush(store, chunk)
     return reconcile
+
+
+class ReadAhead:
+    """A ``DeltaRsStateStore`` whose reads of the stored rows of a table's partitions are answered from one read of
+    all the partitions of that table the batch holds, made at its first read. Reconcile reads the prior state
+    chunk by chunk, each chunk one token range; a state file holds rows of the whole ring (MERGE and compaction
+    do not cluster them by token), so each chunk's read decoded every file again. In the in-process transform the
+    batch is bounded (``driver_batch_max_bytes``) and in memory as a whole: there, one read per table.
+    ``partitions``: table id (str) -> (keys, tokens) as ``batch_partitions`` gives them."""
+
+    def __init__(self, store: DeltaRsStateStore, partitions: dict):
+        self.store = store
+        self.partitions = partitions
+        self._rows: dict = {}       # table id -> the stored rows of all its partitions in the batch
+
+    def read_state_rows(self, table, keys, columns: Optional[list] = None,
+                        tokens: Optional[pa.Array] = None) -> pa.Table:
+        if not isinstance(keys, (pa.Array, pa.ChunkedArray)):
+            keys = pa.array(list(set(keys)), pa.binary())
+        tid = str(table.id)
+        batch = self.partitions.get(tid)
+        # a read of other columns, or of a partition the batch does not hold, goes to the store as it is
+        if columns is not None or batch is None or not pc.all(pc.is_in(keys, value_set=batch[0])).as_py():
+            return self.store.read_state_rows(table, keys, columns, tokens=tokens)
+        if tid not in self._rows:
+            self._rows[tid] = self.store.read_state_rows(table, batch[0], tokens=batch[1])
+        rows = self._rows[tid]
+        return rows.filter(pc.is_in(rows.column("_cdc_partition_key"), value_set=keys))
+
+    def read_partitions(self, table, keys) -> dict:
+        return states_from_rows(self.read_state_rows(table, keys))
+
+
+def batch_partitions(rows: pa.Table) -> dict:
+    """Table id -> (keys, tokens) of the distinct partitions of ``rows`` (cell-log rows sorted by ``GROUP_ORDER``:
+    each partition's rows are one run)."""
+    if not rows.num_rows:
+        return {}
+    tids, keys = rows.column("table_id"), rows.column("partition_key")
+    starts = np.flatnonzero(np.concatenate([[True], _changes(tids) | _changes(keys)]))
+    firsts = rows.select(["table_id", "partition_key", "token"]).take(starts)
+    out = {}
+    for tid, part in _table_runs(firsts):
+        out[tid] = (part.column("partition_key").combine_chunks(), part.column("token").combine_chunks())
+    return out
 
 
 def _engine_threads() -> Optional[int]:
@@ -872,7 +922,9 @@ def _run_in_driver(paths: list, marks: list, *, parse, reconcile, timings: dict,
         del parts, cells[:]     # the sorted copy is all that is needed from here on
         table = _take(table, _partition_order(table))
     with _timed(timings, "reconcile"):
-        out = pa.Table.from_batches(list(reconcile(iter(table.to_batches()))), schema=OUT_SCHEMA)
+        # the whole batch is here: each table's stored rows read once, not once per chunk
+        out = pa.Table.from_batches(list(reconcile(iter(table.to_batches()), read_ahead=batch_partitions(table))),
+                                    schema=OUT_SCHEMA)
     with _timed(timings, "sort_events"):
         kind = out.column("out_kind")
         is_event = pc.equal(kind, "event")
