@@ -62,6 +62,14 @@ def _core(root, schema, batches, nows):
                         prev_now=nows[i - 1] if i else None, cluster="c1")
 
 
+def _assert_same_outbox_and_state(root, core, schema, batches: int):
+    """The stores under ``root`` and ``core`` hold the same outbox rows of batches ``b0``.. and the same state."""
+    for i in range(batches):
+        assert list(read_outbox(str(root), f"b{i}")) == list(read_outbox(str(core), f"b{i}")), i
+    for t in schema.tables.values():
+        assert _sorted_state(root, t) == _sorted_state(core, t), t.name
+
+
 def _sorted_state(root, t):
     rows = read_state(str(root), t.keyspace, t.name)
     return rows.sort_by([("_cdc_token", "ascending"), ("_cdc_partition_key", "ascending"),
@@ -99,10 +107,8 @@ def test_spark_batches_equal_the_core_and_the_model(spark, cluster, tmp_path, mo
     # the Spark job and the Spark-free core write the same outbox and the same state
     core = tmp_path / "core"
     _core(core, schema, batches, nows)
-    for i in range(2):
-        assert list(read_outbox(str(root), f"b{i}")) == list(read_outbox(str(core), f"b{i}"))
+    _assert_same_outbox_and_state(root, core, schema, len(batches))
     for t in schema.tables.values():
-        assert _sorted_state(root, t) == _sorted_state(core, t), t.name
         # and it is what Cassandra would show (every mutation reached at least one intact replica)
         got = {(pk, None if k is None else decode_clustering(k)): r
                for (pk, k), r in visible_table(t, read_state(str(root), t.keyspace, t.name), nows[1]).items()}
@@ -203,10 +209,7 @@ def test_the_in_process_transform_reads_each_tables_stored_rows_once(cluster, tm
         assert set(asked) == set(read) and len(asked) > len(read), (asked, read)
     core = tmp_path / "core"
     _core(core, schema, batches, nows)
-    for i in range(2):
-        assert list(read_outbox(str(root), f"b{i}")) == list(read_outbox(str(core), f"b{i}"))
-    for t in schema.tables.values():
-        assert _sorted_state(root, t) == _sorted_state(core, t), t.name
+    _assert_same_outbox_and_state(root, core, schema, len(batches))
 
 
 def _ttl_segment(directory, schema, at_s):
