@@ -488,9 +488,7 @@ def batch_partitions(rows: pa.Table) -> dict:
     each partition's rows are one run)."""
     if not rows.num_rows:
         return {}
-    tids, keys = rows.column("table_id"), rows.column("partition_key")
-    starts = np.flatnonzero(np.concatenate([[True], _changes(tids) | _changes(keys)]))
-    firsts = rows.select(["table_id", "partition_key", "token"]).take(starts)
+    firsts = rows.select(["table_id", "partition_key", "token"]).take(_partition_starts(rows, None))
     out = {}
     for tid, part in _table_runs(firsts):
         out[tid] = (part.column("partition_key").combine_chunks(), part.column("token").combine_chunks())
@@ -523,9 +521,9 @@ def _table_runs(rows: pa.Table):
             yield tid, rows.filter(pc.equal(tids, tid))
 
 
-def _partition_starts(b: pa.RecordBatch, last: Optional[tuple]):
-    """Indices of the rows of ``b`` (sorted by ``GROUP_ORDER``) that begin a partition; ``last``: the (table id,
-    partition key) of the row before ``b``."""
+def _partition_starts(b, last: Optional[tuple]):
+    """Indices of the rows of ``b`` (a record batch or table, sorted by ``GROUP_ORDER``) that begin a partition;
+    ``last``: the (table id, partition key) of the row before ``b``, None when ``b`` is the first."""
     tid, pk = b.column("table_id"), b.column("partition_key")
     first = last is None or (tid[0].as_py(), pk[0].as_py()) != last
     return np.flatnonzero(np.concatenate([[first], _changes(tid) | _changes(pk)]))
