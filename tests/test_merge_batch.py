@@ -212,6 +212,75 @@ def test_the_in_process_transform_reads_each_tables_stored_rows_once(cluster, tm
     _assert_same_outbox_and_state(root, core, schema, len(batches))
 
 
+def test_read_ahead_answers_every_chunk_with_the_stores_own_rows():
+    """The read-ahead keeps a table's stored rows sorted by token and hands a chunk (a run of the batch's partitions,
+    in order) the slice of its tokens; two partitions that share a token on either side of a chunk's cut, keys in
+    another order, keys the batch does not hold, and other columns must still get exactly what the store gives."""
+    import types
+    import uuid
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from cdc_lib.spark.merge_job import ReadAhead, _run_of, batch_partitions
+
+    # partitions in publish order (token, then key): tokens 5, 12 and 31 are each two or three partitions'
+    tokens = [5, 5, 9, 12, 12, 12, 20, 31, 31, 40, 41, 50]
+    keys = [b"k%02d" % i for i in range(len(tokens))]
+    # stored rows in no token order, as a state file holds the whole ring: 0 to 2 rows a partition (k02 and k09
+    # new), and partitions the batch does not hold, one of them sharing token 12
+    stored_rows = []
+    for i in [7, 3, 11, 0, 5, 1, 8, 4, 6, 10]:
+        for n in range(1 + i % 2):
+            stored_rows.append({"_cdc_partition_key": keys[i], "_cdc_token": tokens[i], "_cdc_row_kind": f"row{n}"})
+    stored_rows += [{"_cdc_partition_key": b"other", "_cdc_token": 12, "_cdc_row_kind": "row0"},
+                    {"_cdc_partition_key": b"far", "_cdc_token": 99, "_cdc_row_kind": "row0"}]
+    stored = pa.Table.from_pylist(stored_rows, schema=pa.schema([("_cdc_partition_key", pa.binary()),
+                                                                 ("_cdc_token", pa.int64()),
+                                                                 ("_cdc_row_kind", pa.string())]))
+
+    def truth(ks):
+        return stored.filter(pc.is_in(stored.column("_cdc_partition_key"), value_set=pa.array(ks, pa.binary())))
+
+    class Store:
+        reads = 0
+
+        def read_state_rows(self, table, ks, columns=None, tokens=None):
+            Store.reads += 1
+            return truth(ks).select(columns) if columns else truth(ks)
+
+    table = types.SimpleNamespace(id=uuid.uuid4())
+    cells = pa.table({"table_id": [str(table.id)] * len(keys), "partition_key": pa.array(keys, pa.binary()),
+                      "token": pa.array(tokens, pa.int64())})
+    ahead = ReadAhead(Store(), batch_partitions(cells))
+
+    def rows(t):
+        return sorted(zip(t.column("_cdc_partition_key").to_pylist(), t.column("_cdc_row_kind").to_pylist()))
+
+    def check(ks, ts=None):
+        want = rows(truth(ks))
+        got = ahead.read_state_rows(table, pa.array(ks, pa.binary()),
+                                    tokens=None if ts is None else pa.array(ts, pa.int64()))
+        assert rows(got) == want, (ks, rows(got), want)
+
+    Store.reads = 0
+    batch = batch_partitions(cells)[str(table.id)]
+    for i in range(len(keys)):                  # every chunk: each run of partitions in order, found as one
+        for j in range(i + 1, len(keys) + 1):
+            assert _run_of(batch, pa.array(keys[i:j], pa.binary()), pa.array(tokens[i:j], pa.int64())) == (i, j)
+            check(keys[i:j], tokens[i:j])
+    assert _run_of(batch, pa.array(keys[1::2], pa.binary()), pa.array(tokens[1::2], pa.int64())) is None
+    check(keys[::2], tokens[::2])               # keys of the batch, not one run
+    check(keys[::-1], tokens[::-1])
+    check(keys[3:6])                            # no tokens given
+    assert Store.reads == 1                     # all from the one read of the batch's partitions
+    check([b"other"], [12])                     # not the batch's: the store's answer
+    check([keys[0], b"far"], [5, 99])
+    assert Store.reads == 3
+    got = ahead.read_state_rows(table, pa.array(keys[:2], pa.binary()), columns=["_cdc_row_kind"])
+    assert got.column_names == ["_cdc_row_kind"] and Store.reads == 4
+
+
 def _ttl_segment(directory, schema, at_s):
     """A segment holding one INSERT into shop.sessions with a 60 s TTL, written at ``at_s``."""
     import ipaddress
