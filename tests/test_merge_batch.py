@@ -227,8 +227,8 @@ def test_read_ahead_answers_every_chunk_with_the_stores_own_rows():
     # partitions in publish order (token, then key): tokens 5, 12 and 31 are each two or three partitions'
     tokens = [5, 5, 9, 12, 12, 12, 20, 31, 31, 40, 41, 50]
     keys = [b"k%02d" % i for i in range(len(tokens))]
-    # stored rows in no token order, as a state file holds the whole ring: 0 to 2 rows a partition (k02 and k09
-    # new), and partitions the batch does not hold, one of them sharing token 12
+    # stored rows in no token order, as a state file holds the whole ring: one or two rows a partition, none of
+    # k02 and k09 (new partitions), and partitions the batch does not hold, one of them sharing token 12
     stored_rows = []
     for i in [7, 3, 11, 0, 5, 1, 8, 4, 6, 10]:
         for n in range(1 + i % 2):

@@ -461,7 +461,7 @@ class ReadAhead:
     table. ``partitions``: table id (str) -> (keys, tokens) as ``batch_partitions`` gives them.
 
     The rows read are kept sorted by token, so that a chunk, a run of the batch's partitions in order, takes its
-    rows as a slice: no hashing of the batch's keys for every chunk (which took a fifth of a 300,000-partition
+    rows as a slice: no hashing of the batch's keys for every chunk (about a quarter of a 300,000-partition
     batch's reconcile in chunks of ``CHUNK_PARTITIONS``)."""
 
     def __init__(self, store: DeltaRsStateStore, partitions: dict):
