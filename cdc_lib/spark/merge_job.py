@@ -499,8 +499,9 @@ class ReadAhead:
         stable sort: each partition's rows in the order read), and their tokens."""
         if tid not in self._rows:
             rows = self.store.read_state_rows(table, batch[0], tokens=batch[1])
-            rows = rows.take(np.argsort(rows.column("_cdc_token").to_numpy(), kind="stable"))
-            self._rows[tid] = (rows, rows.column("_cdc_token").to_numpy())
+            row_tokens = rows.column("_cdc_token").to_numpy()
+            order = np.argsort(row_tokens, kind="stable")
+            self._rows[tid] = (rows.take(order), row_tokens[order])
         return self._rows[tid]
 
     def read_partitions(self, table, keys) -> dict:
