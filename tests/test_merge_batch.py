@@ -185,6 +185,34 @@ def test_compiled_engine_gives_the_python_engines_outbox_and_state(cluster, tmp_
         assert _sorted_state(roots["1"] / "backfill", t) == _sorted_state(roots["0"] / "backfill", t), t.name
 
 
+def _count_reads(monkeypatch, mb) -> tuple:
+    """Lists that record each read of stored rows asked of a ``ReadAhead`` (the table's name) and each read of the
+    store itself (the table's name and the keys read)."""
+    asked, reads = [], []
+    ask, store_read = mb.ReadAhead.read_state_rows, DeltaRsStateStore.read_state_rows
+    monkeypatch.setattr(mb.ReadAhead, "read_state_rows",
+                        lambda self, t, keys, *a, **k: asked.append(t.qualified_name) or ask(self, t, keys, *a, **k))
+    monkeypatch.setattr(DeltaRsStateStore, "read_state_rows",
+                        lambda self, t, keys, *a, **k: reads.append((t.qualified_name, _key_list(keys)))
+                        or store_read(self, t, keys, *a, **k))
+    return asked, reads
+
+
+def _key_list(keys) -> list:
+    return keys.to_pylist() if hasattr(keys, "to_pylist") else list(keys)
+
+
+def _each_batch(root, schema, batches, nows, *logs):
+    """Run ``batches`` in this process one after the other (the logs cleared before each), yielding each one's
+    segment paths after it ran."""
+    for i, paths in enumerate(batches):
+        for log in logs:
+            log.clear()
+        run_batch(None, paths, root=str(root), schema=schema, batch_id=f"b{i}", batch_seq=i + 1, now=nows[i],
+                  prev_now=nows[i - 1] if i else None, cluster="c1")
+        yield paths
+
+
 def test_the_in_process_transform_reads_each_tables_stored_rows_once(cluster, tmp_path, monkeypatch):
     """Reconcile reads the prior state chunk by chunk, each chunk a token range; a state file holds rows of the
     whole ring, so a read per chunk decoded every file again. In the process, where the whole batch is at hand, each
@@ -193,20 +221,44 @@ def test_the_in_process_transform_reads_each_tables_stored_rows_once(cluster, tm
     schema, _, batches = cluster
     nows = [NOW0 + 30, NOW0 + 120]
     monkeypatch.setattr(mb, "CHUNK_PARTITIONS", 7)      # several chunks per table
-    asked, read = [], []
-    ask, store_read = mb.ReadAhead.read_state_rows, DeltaRsStateStore.read_state_rows
-    monkeypatch.setattr(mb.ReadAhead, "read_state_rows",
-                        lambda self, t, *a, **k: asked.append(t.qualified_name) or ask(self, t, *a, **k))
-    monkeypatch.setattr(DeltaRsStateStore, "read_state_rows",
-                        lambda self, t, *a, **k: read.append(t.qualified_name) or store_read(self, t, *a, **k))
+    asked, reads = _count_reads(monkeypatch, mb)
     root = tmp_path / "driver"
-    for i, paths in enumerate(batches):
-        asked.clear()
-        read.clear()
-        run_batch(None, paths, root=str(root), schema=schema, batch_id=f"b{i}", batch_seq=i + 1, now=nows[i],
-                  prev_now=nows[i - 1] if i else None, cluster="c1")
+    for _ in _each_batch(root, schema, batches, nows, asked, reads):
+        read = [t for t, _ in reads]
         assert read and sorted(read) == sorted(set(read)), read          # one read per table
         assert set(asked) == set(read) and len(asked) > len(read), (asked, read)
+    core = tmp_path / "core"
+    _core(core, schema, batches, nows)
+    _assert_same_outbox_and_state(root, core, schema, len(batches))
+
+
+def test_a_spark_task_reads_each_tables_stored_rows_once_per_window(cluster, tmp_path, monkeypatch):
+    """A Spark task's input is a stream, not the whole batch: it reads the stored rows a window of
+    ``READ_AHEAD_PARTITIONS`` partitions at a time (each partition's once, in windows of at most that many), not
+    once per chunk, and writes the core's outbox and state."""
+    from cdc_lib.spark import merge_job as mb
+    schema, _, batches = cluster
+    nows = [NOW0 + 30, NOW0 + 120]
+    monkeypatch.setattr(mb, "CHUNK_PARTITIONS", 7)
+    monkeypatch.setattr(mb, "READ_AHEAD_PARTITIONS", 12)        # windows end inside tables, and hold chunks
+    task_reconcile = mb._reconcile
+
+    def as_in_a_task(*a, **k):
+        rec = task_reconcile(*a, **k)
+        return lambda batches, read_ahead=None: rec(batches)      # the read-ahead a Spark task does not have
+    monkeypatch.setattr(mb, "_reconcile", as_in_a_task)
+    asked, reads = _count_reads(monkeypatch, mb)
+    root = tmp_path / "tasks"
+    for paths in _each_batch(root, schema, batches, nows, asked, reads):
+        partitions = {(f"{ks}.{name}", pk) for c in read_cell_log(paths, schema, on_damage=lambda d: None)
+                      for ks, name, pk in zip(*(c.column(n).to_pylist() for n in ("keyspace", "table",
+                                                                                   "partition_key")))}
+        tables = {t for t, _ in partitions}
+        read_once = [(t, k) for t, keys in reads for k in keys]
+        # each partition's stored rows read once (those with records, and in the second batch one whose TTL ran out)
+        assert len(read_once) == len(set(read_once)) and set(read_once) >= partitions
+        assert all(len(keys) <= 12 for _, keys in reads)
+        assert len(reads) > len(tables) and len(asked) > len(reads), (len(reads), len(tables), len(asked))
     core = tmp_path / "core"
     _core(core, schema, batches, nows)
     _assert_same_outbox_and_state(root, core, schema, len(batches))

@@ -26,9 +26,10 @@ Data path on Spark (nothing proportional to the batch passes through the driver)
    TTLs run out in ``(prev_now, now]`` join as marker rows (their keys come from the state tables'
    ``_cdc_next_expiry``: the driver holds that key list, bounded by the number of partitions expiring in the
    window).
-3. **Reconcile**, ``mapInArrow`` again: per chunk of up to ``CHUNK_PARTITIONS`` partitions (a token range)
-   the executor reads the prior state of exactly those keys with deltalake (pinned to the table versions the
-   driver saw at the start, so every task and a recomputed task read the same state), runs the compiled state
+3. **Reconcile**, ``mapInArrow`` again: per window of up to ``READ_AHEAD_PARTITIONS`` partitions (a token
+   range) the executor reads the prior state of exactly those keys with deltalake, once per table (pinned to the
+   table versions the driver saw at the start, so every task and a recomputed task read the same state); per
+   chunk of up to ``CHUNK_PARTITIONS`` partitions of the window it runs the compiled state
    engine over the chunk's Arrow rows per table (``sinks.delta.table_outputs``, when ``CASSANDRA_CDC_NATIVE``
    allows; a backfill's tables, with their ``r`` events and scan horizons, stay in Python) or
    ``state.batch.process_partition`` per partition (replica copies dropped in both: the copy kept is the one
@@ -76,7 +77,10 @@ from cdc_lib.sinks.delta import (OUTBOX_SCHEMA, DeltaRsStateStore, change_rows, 
 from cdc_lib.state.batch import process_partition, table_order
 from cdc_lib.state.events import OP_CREATE
 
-CHUNK_PARTITIONS = 20_000      # partitions per prior-state read in a reconcile task (bounds executor memory)
+CHUNK_PARTITIONS = 20_000      # partitions per call of a state engine in a reconcile task (bounds its working set)
+# Partitions whose stored rows a Spark task reads at once (``ReadAhead``): a state file holds rows of the whole ring,
+# so a read decodes every file however few partitions it asks for
+READ_AHEAD_PARTITIONS = 200_000
 RESULT_PREFIX = "cdc-batch-result: "    # the job's last stdout line: this, then its BatchResult as JSON
 SWEEP_KIND = "_sweep"          # marker row: load and sweep this partition even without records
 REC_CELL, REC_DAMAGE, REC_LOADED = "cell", "damage", "loaded"
@@ -342,8 +346,9 @@ def _reconcile(schema, root: str, storage_options: dict, app_id: str, versions: 
     """The ``mapInArrow`` function of step 3 (a closure shipped to executors). ``horizons``: table id -> the
     ``scan.horizon.Horizon`` JSON of a backfill scan (changes older than it make no event).
 
-    Its input arrives sorted by ``GROUP_ORDER``; it is cut into chunks of ``CHUNK_PARTITIONS`` partitions and
-    each chunk's tables are reconciled in turn: by the compiled engine (``sinks.delta.table_outputs``, Arrow in
+    Its input arrives sorted by ``GROUP_ORDER``; it is cut into windows of ``READ_AHEAD_PARTITIONS`` partitions,
+    whose stored rows are read once per table (``ReadAhead``), and each window into chunks of ``CHUNK_PARTITIONS``
+    partitions, whose tables are reconciled in turn: by the compiled engine (``sinks.delta.table_outputs``, Arrow in
     and out) when ``state.native.enabled()`` in the executor, else, and for a backfill table (``r`` events, a
     scan horizon: the compiled engine does neither), by ``state.batch.process_partition`` per partition. Both
     give the same rows (``tests/test_merge_batch.py``)."""
@@ -428,28 +433,43 @@ def _reconcile(schema, root: str, storage_options: dict, app_id: str, versions: 
 
     def reconcile(batches, read_ahead: Optional[dict] = None):
         """``read_ahead``: table id -> (keys, tokens) of all the partitions the batches hold (``batch_partitions``),
-        to read each table's stored rows once for all its chunks (``ReadAhead``)."""
+        to read each table's stored rows once for all its chunks (``ReadAhead``). Without it (a Spark task, whose
+        input is a stream), the batches are taken a window of ``READ_AHEAD_PARTITIONS`` partitions at a time, and
+        each table's stored rows are read once per window."""
         store = DeltaRsStateStore(root, storage_options, app_id=app_id, versions=versions)
         if read_ahead:
-            store = ReadAhead(store, read_ahead)
-        chunk: list = []    # input batches of the chunk's partitions
-        n = 0               # partitions begun in the chunk
-        last = None         # (table id, partition key) of the last row seen
-        for b in batches:
-            if not b.num_rows:
-                continue
-            starts = _partition_starts(b, last)
-            last = (b.column("table_id")[-1].as_py(), b.column("partition_key")[-1].as_py())
-            while n + len(starts) > CHUNK_PARTITIONS:      # the chunk is full where partition CHUNK + 1 begins
-                cut = int(starts[CHUNK_PARTITIONS - n])
-                chunk.append(b.slice(0, cut))
-                yield from flush(store, chunk)
-                b, starts, chunk, n = b.slice(cut), starts[CHUNK_PARTITIONS - n:] - cut, [], 0
-            chunk.append(b)
-            n += len(starts)
-        if chunk:
-            yield from flush(store, chunk)
+            ahead = ReadAhead(store, read_ahead)
+            for chunk in _partition_runs(batches, CHUNK_PARTITIONS):
+                yield from flush(ahead, chunk)
+            return
+        for window in _partition_runs(batches, READ_AHEAD_PARTITIONS):
+            rows = pa.Table.from_batches(window)
+            ahead = ReadAhead(store, batch_partitions(rows))
+            for chunk in _partition_runs(rows.to_batches(), CHUNK_PARTITIONS):
+                yield from flush(ahead, chunk)
     return reconcile
+
+
+def _partition_runs(batches, limit: int):
+    """``batches`` (sorted by ``GROUP_ORDER``) as lists of batches, each holding ``limit`` whole partitions (the
+    last one the rest): a partition is never split between two lists."""
+    run: list = []      # input batches of the run's partitions
+    n = 0               # partitions begun in the run
+    last = None         # (table id, partition key) of the last row seen
+    for b in batches:
+        if not b.num_rows:
+            continue
+        starts = _partition_starts(b, last)
+        last = (b.column("table_id")[-1].as_py(), b.column("partition_key")[-1].as_py())
+        while n + len(starts) > limit:      # the run is full where partition limit + 1 begins
+            cut = int(starts[limit - n])
+            run.append(b.slice(0, cut))
+            yield run
+            b, starts, run, n = b.slice(cut), starts[limit - n:] - cut, [], 0
+        run.append(b)
+        n += len(starts)
+    if run:
+        yield run
 
 
 class ReadAhead:
@@ -458,7 +478,8 @@ class ReadAhead:
     the prior state chunk by chunk, each chunk one token range; a state file holds rows of the whole ring (MERGE
     and compaction do not cluster them by token), so each chunk's read decoded every file again. In the in-process
     transform the batch is bounded (``driver_batch_max_bytes``) and in memory as a whole: there, one read per
-    table. ``partitions``: table id (str) -> (keys, tokens) as ``batch_partitions`` gives them.
+    table. A Spark task's input is a stream: there, one read per table and window of ``READ_AHEAD_PARTITIONS``
+    partitions. ``partitions``: table id (str) -> (keys, tokens) as ``batch_partitions`` gives them.
 
     The rows read are kept sorted by token, so that a chunk, a run of the batch's partitions in order, takes its
     rows as a slice: no hashing of the batch's keys for every chunk (about a quarter of a 300,000-partition
