@@ -264,6 +264,37 @@ def test_a_spark_task_reads_each_tables_stored_rows_once_per_window(cluster, tmp
     _assert_same_outbox_and_state(root, core, schema, len(batches))
 
 
+def test_a_spark_tasks_windows_hold_whole_partitions_within_the_memory_budget(monkeypatch):
+    """A task's first window is a chunk; each next one holds as many partitions as ``READ_AHEAD_BYTES`` does at the
+    bytes a partition took in the window before, never fewer than a chunk or more than ``READ_AHEAD_PARTITIONS``;
+    and the input is cut into windows of exactly those sizes, no partition split between two."""
+    import pyarrow as pa
+
+    from cdc_lib.spark import merge_job as mb
+    monkeypatch.setattr(mb, "CHUNK_PARTITIONS", 3)
+    monkeypatch.setattr(mb, "READ_AHEAD_PARTITIONS", 8)
+    monkeypatch.setattr(mb, "READ_AHEAD_BYTES", 6_000)
+    sizes = mb._WindowSizes()
+    assert sizes.next() == 3
+    sizes.held(10, 10 * 1_000)          # 1,000 bytes a partition: 6 fit
+    assert sizes.next() == 6
+    sizes.held(6, 6 * 10)               # small partitions: no more than READ_AHEAD_PARTITIONS
+    assert sizes.next() == 8
+    sizes.held(8, 8 * 1_000_000)        # wide partitions: no fewer than a chunk
+    assert sizes.next() == 3
+
+    # 30 partitions of 1 to 3 rows, in input batches cut anywhere; the window sizes asked for change between windows
+    keys = [bytes([k]) for k in range(30) for _ in range(k % 3 + 1)]
+    rows = pa.table({"table_id": ["t"] * len(keys), "partition_key": keys})
+    batches = [rows.slice(a, 7).to_batches()[0] for a in range(0, rows.num_rows, 7)]
+    asked = iter([4, 1, 9, 5, 100])
+    windows = [pa.Table.from_batches(w).column("partition_key").to_pylist()
+               for w in mb._partition_runs(batches, lambda: next(asked))]
+    assert [len(set(w)) for w in windows] == [4, 1, 9, 5, 11]
+    assert [k for w in windows for k in w] == keys
+    assert all(not set(a) & set(b) for a, b in zip(windows, windows[1:]))
+
+
 def test_read_ahead_answers_every_chunk_with_the_stores_own_rows():
     """The read-ahead keeps a table's stored rows sorted by token and hands a chunk (a run of the batch's partitions,
     in order) the slice of its tokens; two partitions that share a token on either side of a chunk's cut, keys in

@@ -110,8 +110,8 @@ def test_a_node_killed_mid_write_loses_no_write_cassandra_logged(tmp_path, kafka
             while not stop.is_set():
                 try:
                     session.execute(f"INSERT INTO {KS}.t (k, v, n) VALUES ({i}, 'v{i}', {i << 20})")
-                except Exception:  # noqa: BLE001 - the node died under this write: not acknowledged
-                    return
+                except Exception:  # noqa: BLE001 - not acknowledged: the node died under this write, or it timed out
+                    continue        # (a loaded machine): writing on until the kill keeps the live segment growing
                 acked[i] = f"v{i}"
                 i += 1
 
@@ -120,6 +120,10 @@ def test_a_node_killed_mid_write_loses_no_write_cassandra_logged(tmp_path, kafka
         time.sleep(12.0)                        # past one 10 s periodic sync: the live segment has an idx
         agent.run_once()                        # the live prefix, as a running agent would have shipped it
         time.sleep(3.0)
+        # the kill must tear the live segment: entries past what its idx says (a periodic sync covers all there were)
+        deadline = time.monotonic() + 30
+        while not _keys_past(node, _torn_segments(node), schema) and time.monotonic() < deadline:
+            time.sleep(0.1)
         cluster.kill_node(1)                    # SIGKILL: no shutdown hook, no final sync of the idx
         stop.set()
         writer.join(30)

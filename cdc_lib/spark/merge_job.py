@@ -26,10 +26,10 @@ Data path on Spark (nothing proportional to the batch passes through the driver)
    TTLs run out in ``(prev_now, now]`` join as marker rows (their keys come from the state tables'
    ``_cdc_next_expiry``: the driver holds that key list, bounded by the number of partitions expiring in the
    window).
-3. **Reconcile**, ``mapInArrow`` again: per window of up to ``READ_AHEAD_PARTITIONS`` partitions (a token
-   range) the executor reads the prior state of exactly those keys with deltalake, once per table (pinned to the
-   table versions the driver saw at the start, so every task and a recomputed task read the same state); per
-   chunk of up to ``CHUNK_PARTITIONS`` partitions of the window it runs the compiled state
+3. **Reconcile**, ``mapInArrow`` again: per window of up to ``READ_AHEAD_PARTITIONS`` partitions and about
+   ``READ_AHEAD_BYTES`` (a token range) the executor reads the prior state of exactly those keys with deltalake,
+   once per table (pinned to the table versions the driver saw at the start, so every task and a recomputed task
+   read the same state); per chunk of up to ``CHUNK_PARTITIONS`` partitions of the window it runs the compiled state
    engine over the chunk's Arrow rows per table (``sinks.delta.table_outputs``, when ``CASSANDRA_CDC_NATIVE``
    allows; a backfill's tables, with their ``r`` events and scan horizons, stay in Python) or
    ``state.batch.process_partition`` per partition (replica copies dropped in both: the copy kept is the one
@@ -78,9 +78,11 @@ from cdc_lib.state.batch import process_partition, table_order
 from cdc_lib.state.events import OP_CREATE
 
 CHUNK_PARTITIONS = 20_000      # partitions per call of a state engine in a reconcile task (bounds its working set)
-# Partitions whose stored rows a Spark task reads at once (``ReadAhead``): a state file holds rows of the whole ring,
-# so a read decodes every file however few partitions it asks for
+# A Spark task reads the stored rows of a window of partitions at once (``ReadAhead``): a state file holds rows of the
+# whole ring, so a read decodes every file however few partitions it asks for. A window holds at most this many
+# partitions, and about READ_AHEAD_BYTES of input and stored rows (sized by the window before; the first is a chunk)
 READ_AHEAD_PARTITIONS = 200_000
+READ_AHEAD_BYTES = 256 << 20
 RESULT_PREFIX = "cdc-batch-result: "    # the job's last stdout line: this, then its BatchResult as JSON
 SWEEP_KIND = "_sweep"          # marker row: load and sweep this partition even without records
 REC_CELL, REC_DAMAGE, REC_LOADED = "cell", "damage", "loaded"
@@ -346,8 +348,8 @@ def _reconcile(schema, root: str, storage_options: dict, app_id: str, versions: 
     """The ``mapInArrow`` function of step 3 (a closure shipped to executors). ``horizons``: table id -> the
     ``scan.horizon.Horizon`` JSON of a backfill scan (changes older than it make no event).
 
-    Its input arrives sorted by ``GROUP_ORDER``; it is cut into windows of ``READ_AHEAD_PARTITIONS`` partitions,
-    whose stored rows are read once per table (``ReadAhead``), and each window into chunks of ``CHUNK_PARTITIONS``
+    Its input arrives sorted by ``GROUP_ORDER``; it is cut into windows (``_WindowSizes``), whose stored rows are
+    read once per table (``ReadAhead``), and each window into chunks of ``CHUNK_PARTITIONS``
     partitions, whose tables are reconciled in turn: by the compiled engine (``sinks.delta.table_outputs``, Arrow in
     and out) when ``state.native.enabled()`` in the executor, else, and for a backfill table (``r`` events, a
     scan horizon: the compiled engine does neither), by ``state.batch.process_partition`` per partition. Both
@@ -434,38 +436,62 @@ def _reconcile(schema, root: str, storage_options: dict, app_id: str, versions: 
     def reconcile(batches, read_ahead: Optional[dict] = None):
         """``read_ahead``: table id -> (keys, tokens) of all the partitions the batches hold (``batch_partitions``),
         to read each table's stored rows once for all its chunks (``ReadAhead``). Without it (a Spark task, whose
-        input is a stream), the batches are taken a window of ``READ_AHEAD_PARTITIONS`` partitions at a time, and
-        each table's stored rows are read once per window."""
+        input is a stream), the batches are taken a window at a time (``_WindowSizes``), and each table's stored
+        rows are read once per window."""
         store = DeltaRsStateStore(root, storage_options, app_id=app_id, versions=versions)
         if read_ahead:
             ahead = ReadAhead(store, read_ahead)
             for chunk in _partition_runs(batches, CHUNK_PARTITIONS):
                 yield from flush(ahead, chunk)
             return
-        for window in _partition_runs(batches, READ_AHEAD_PARTITIONS):
+        sizes = _WindowSizes()
+        for window in _partition_runs(batches, sizes.next):
             rows = pa.Table.from_batches(window)
-            ahead = ReadAhead(store, batch_partitions(rows))
+            partitions = batch_partitions(rows)
+            ahead = ReadAhead(store, partitions)
             for chunk in _partition_runs(rows.to_batches(), CHUNK_PARTITIONS):
                 yield from flush(ahead, chunk)
+            sizes.held(sum(len(keys) for keys, _ in partitions.values()), rows.nbytes + ahead.nbytes)
     return reconcile
 
 
-def _partition_runs(batches, limit: int):
+class _WindowSizes:
+    """How many partitions a Spark task's next window holds: the first a chunk (``CHUNK_PARTITIONS``), each next
+    as many as ``READ_AHEAD_BYTES`` holds at the bytes a partition took in the window before (input and stored rows),
+    between a chunk and ``READ_AHEAD_PARTITIONS``. A window of wide partitions is then no larger than a chunk was
+    when each chunk read its own stored rows."""
+
+    def __init__(self):
+        self.limit = CHUNK_PARTITIONS
+
+    def next(self) -> int:
+        return self.limit
+
+    def held(self, partitions: int, nbytes: int) -> None:
+        per_partition = nbytes / max(partitions, 1)
+        self.limit = int(min(READ_AHEAD_PARTITIONS, max(CHUNK_PARTITIONS, READ_AHEAD_BYTES / max(per_partition, 1))))
+
+
+def _partition_runs(batches, limit):
     """``batches`` (sorted by ``GROUP_ORDER``) as lists of batches, each holding ``limit`` whole partitions (the
-    last one the rest): a partition is never split between two lists."""
+    last one the rest): a partition is never split between two lists. ``limit``: a number, or a function giving
+    each list's when the list begins."""
+    limit_of = limit if callable(limit) else (lambda: limit)
     run: list = []      # input batches of the run's partitions
     n = 0               # partitions begun in the run
     last = None         # (table id, partition key) of the last row seen
+    cap = limit_of()
     for b in batches:
         if not b.num_rows:
             continue
         starts = _partition_starts(b, last)
         last = (b.column("table_id")[-1].as_py(), b.column("partition_key")[-1].as_py())
-        while n + len(starts) > limit:      # the run is full where partition limit + 1 begins
-            cut = int(starts[limit - n])
+        while n + len(starts) > cap:        # the run is full where partition cap + 1 begins
+            cut = int(starts[cap - n])
             run.append(b.slice(0, cut))
             yield run
-            b, starts, run, n = b.slice(cut), starts[limit - n:] - cut, [], 0
+            b, starts, run, n = b.slice(cut), starts[cap - n:] - cut, [], 0
+            cap = limit_of()
         run.append(b)
         n += len(starts)
     if run:
@@ -514,6 +540,11 @@ class ReadAhead:
         if (start > 0 and btok[start - 1].as_py() == lo) or (stop < len(btok) and btok[stop].as_py() == hi):
             mine = mine.filter(pc.is_in(mine.column("_cdc_partition_key"), value_set=keys))
         return mine
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of the stored rows read so far."""
+        return sum(rows.nbytes for rows, _ in self._rows.values())
 
     def _batch_rows(self, table, tid: str, batch: tuple) -> tuple:
         """The stored rows of all the batch's partitions of ``table``, read at the first call, sorted by token (a
