@@ -185,6 +185,29 @@ def test_compiled_engine_gives_the_python_engines_outbox_and_state(cluster, tmp_
         assert _sorted_state(roots["1"] / "backfill", t) == _sorted_state(roots["0"] / "backfill", t), t.name
 
 
+def test_a_spark_batch_reconciles_one_key_range_per_core_whatever_the_shuffle_partitions(spark, cluster, tmp_path):
+    """Each reconcile task reads the stored rows of its key range, and a state file holds rows of the whole ring, so
+    the job cuts a batch into one range per core (``spark.default.parallelism``), not into
+    ``spark.sql.shuffle.partitions`` ranges (200 in a session with Spark's defaults, as ``spark-submit`` starts
+    one): the outbox gets a file per core, not one per shuffle partition, and the same rows as the core's."""
+    from deltalake import DeltaTable
+    schema, _, batches = cluster
+    cores = spark.sparkContext.defaultParallelism
+    before = spark.conf.get("spark.sql.shuffle.partitions")
+    spark.conf.set("spark.sql.shuffle.partitions", str(cores * 10))
+    try:
+        root = tmp_path / "spark"
+        res = run_batch(spark, batches[0], root=str(root), schema=schema, batch_id="b0", batch_seq=1,
+                        now=NOW0 + 30, cluster="c1")
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", before)
+    assert res.events > cores * 10         # enough events for every one of the shuffle partitions
+    assert 1 <= len(DeltaTable(DeltaRsStateStore(str(root)).events_uri()).file_uris()) <= cores
+    core = tmp_path / "core"
+    _core(core, schema, batches[:1], [NOW0 + 30])
+    _assert_same_outbox_and_state(root, core, schema, 1)
+
+
 def _count_reads(monkeypatch, mb) -> tuple:
     """Lists that record each read of stored rows asked of a ``ReadAhead`` (the table's name) and each read of the
     store itself (the table's name and the keys read)."""

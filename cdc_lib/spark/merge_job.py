@@ -20,9 +20,10 @@ Data path on Spark (nothing proportional to the batch passes through the driver)
    ``quarantined/<cluster>/<node>/<segment>.<position>.<kind>`` plus its ``.reason.json``; the key is
    deterministic, so a retried task rewrites the same object); only a one-row summary per damage (key and
    reason, not the bytes) flows on, so the driver can report them.
-2. **Group** by partition: ``repartitionByRange`` and ``sortWithinPartitions`` on ``GROUP_ORDER`` (keyspace,
-   table, table id, token, partition key: publish order), so each partition's records are contiguous in one
-   task, each task holds one key range and each chunk's prior-state read one token range. Partitions whose
+2. **Group** by partition: ``repartitionByRange`` into one key range per core of the job and
+   ``sortWithinPartitions`` on ``GROUP_ORDER`` (keyspace, table, table id, token, partition key: publish order),
+   so each partition's records are contiguous in one task, each task holds one key range and each window's
+   prior-state read one token range. Partitions whose
    TTLs run out in ``(prev_now, now]`` join as marker rows (their keys come from the state tables'
    ``_cdc_next_expiry``: the driver holds that key list, bounded by the number of partitions expiring in the
    window).
@@ -504,8 +505,8 @@ class ReadAhead:
     the prior state chunk by chunk, each chunk one token range; a state file holds rows of the whole ring (MERGE
     and compaction do not cluster them by token), so each chunk's read decoded every file again. In the in-process
     transform the batch is bounded (``driver_batch_max_bytes``) and in memory as a whole: there, one read per
-    table. A Spark task's input is a stream: there, one read per table and window of ``READ_AHEAD_PARTITIONS``
-    partitions. ``partitions``: table id (str) -> (keys, tokens) as ``batch_partitions`` gives them.
+    table. A Spark task's input is a stream: there, one read per table and window (``_WindowSizes``).
+    ``partitions``: table id (str) -> (keys, tokens) as ``batch_partitions`` gives them.
 
     The rows read are kept sorted by token, so that a chunk, a run of the batch's partitions in order, takes its
     rows as a slice: no hashing of the batch's keys for every chunk (about a quarter of a 300,000-partition
@@ -803,7 +804,13 @@ def _run_in_spark(spark, paths: list, marks: list, *, parse, reconcile, write: d
         # Range-partitioned in publish order (table order, then token): each task holds whole partitions of
         # one key range, each chunk's prior-state read covers one token range of a table, and the tasks' events,
         # concatenated in partition order, are already in publish order (no second sort of the events).
-        grouped = cells.repartitionByRange(*GROUP_ORDER).sortWithinPartitions(*GROUP_ORDER)
+        # One range per core of the job (``spark.default.parallelism``), not ``spark.sql.shuffle.partitions``
+        # (200 unless set) or the many small ones adaptive execution makes of them: a state file holds rows of
+        # the whole ring, so every task's read of its stored rows decodes every file of the table; a task per
+        # core keeps the cores busy and reads the state no more often than there are cores (a task's input is
+        # taken a window at a time: ``_WindowSizes``).
+        tasks = max(1, spark.sparkContext.defaultParallelism)
+        grouped = cells.repartitionByRange(tasks, *GROUP_ORDER).sortWithinPartitions(*GROUP_ORDER)
 
         # 3. reconcile in executors
         out = grouped.mapInArrow(reconcile, _spark_schema(OUT_SCHEMA)).persist(StorageLevel.MEMORY_AND_DISK)
@@ -814,6 +821,7 @@ def _run_in_spark(spark, paths: list, marks: list, *, parse, reconcile, write: d
                              .agg(F.count(F.lit(1)).alias("n"), F.sum("n_rows").alias("rows")).collect())
             events_per_task: dict = {}
             rows_per_table: dict = {}
+            log.info("reconcile: %d tasks with output (one key range each)", len({r["task"] for r in counts}))
             for r in counts:
                 if r["out_kind"] == "event":
                     events_per_task[r["task"]] = events_per_task.get(r["task"], 0) + r["n"]
