@@ -805,7 +805,7 @@ def _run_in_spark(spark, paths: list, marks: list, *, parse, reconcile, write: d
         # one key range, each chunk's prior-state read covers one token range of a table, and the tasks' events,
         # concatenated in partition order, are already in publish order (no second sort of the events).
         # One range per core of the job (``spark.default.parallelism``), not ``spark.sql.shuffle.partitions``
-        # (200 unless set) or the many small ones adaptive execution makes of them: a state file holds rows of
+        # (200 unless set, and adaptive execution did not merge them when measured): a state file holds rows of
         # the whole ring, so every task's read of its stored rows decodes every file of the table; a task per
         # core keeps the cores busy and reads the state no more often than there are cores (a task's input is
         # taken a window at a time: ``_WindowSizes``).
