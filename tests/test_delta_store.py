@@ -202,6 +202,60 @@ def test_a_snapshot_is_what_the_store_reads_while_another_batch_commits(tmp_path
     assert store.read_state_rows(t, keys).select(META_COLUMNS).sort_by(order).equals(before)
 
 
+
+@pytest.mark.parametrize("set_in_scan", [True, False], ids=["isin-in-scan", "sorted-lookup"])
+def test_the_stored_rows_read_are_those_of_the_keys_asked_whatever_their_tokens_share(tmp_path, monkeypatch,
+                                                                                     set_in_scan):
+    """``read_state_rows`` picks the rows of exactly the keys asked for, in the files' order, from a state of
+    several files: partitions of several rows; two stored keys sharing a token of which only one is asked for; two
+    asked keys sharing a token; keys with no stored row; tokens given out of order, or not at all (murmur3's then).
+    Both ways a scan tests tokens (a set in its filter for few partitions, a sorted lookup for many) give the same
+    rows. The truth is a plain filter of every stored row by its key."""
+    from deltalake import write_deltalake
+
+    from cdc_lib.cql.tokens import token as murmur3_token
+    from cdc_lib.sinks import delta as delta_store
+    monkeypatch.setattr(delta_store, "SCAN_ISIN_MAX", 10 ** 9 if set_in_scan else 0)
+    t = SCHEMA.by_name("shop", "orders")
+    store = DeltaRsStateStore(str(tmp_path))
+    rng = random.Random(5)
+    keys = [b"k%03d" % i for i in range(300)]
+    # real tokens, except that keys 0-9 share the token of key 10 + i (collisions murmur3 could make)
+    tok = {k: murmur3_token(k) for k in keys}
+    for i in range(10):
+        tok[keys[i]] = tok[keys[10 + i]]
+    kinds = pa.array([], pa.int8()).type
+    rows = [(tok[k], k, c) for k in keys for c in range(rng.randint(1, 3))]
+    rng.shuffle(rows)
+    for part in (rows[:200], rows[200:350], rows[350:]):           # three files, each of the whole ring
+        write_deltalake(store.state_uri(t), pa.table({
+            "_cdc_token": pa.array([r[0] for r in part], pa.int64()),
+            "_cdc_partition_key": pa.array([r[1] for r in part], pa.binary()),
+            "_cdc_row_kind": pa.array([1] * len(part), kinds),
+            "_cdc_clustering": pa.array([b"c%d" % r[2] for r in part], pa.binary())}), mode="append")
+    everything = store.read_state_rows(t, keys, tokens=pa.array([tok[k] for k in keys], pa.int64()))
+    assert everything.num_rows == len(rows)       # every key asked for: every row, as the files hold them
+    stored = list(zip(*(everything.column(c).to_pylist() for c in ("_cdc_partition_key", "_cdc_clustering"))))
+
+    def read(asked, tokens):
+        got = store.read_state_rows(t, pa.array(asked, pa.binary()), tokens=tokens)
+        return list(zip(*(got.column(c).to_pylist() for c in ("_cdc_partition_key", "_cdc_clustering"))))
+
+    # key 3 without key 13 (one token), keys 5 and 15 (both of one token), keys not stored, the rest at random
+    asked = [keys[3], keys[5], keys[15], b"absent-1", b"absent-2"] + rng.sample(keys[20:], 60)
+    want = [r for r in stored if r[0] in set(asked)]
+    assert {r[0] for r in want} == set(asked) - {b"absent-1", b"absent-2"}
+    by_token = sorted(asked, key=lambda k: tok.get(k, murmur3_token(k)))
+    assert read(by_token, pa.array([tok.get(k, murmur3_token(k)) for k in by_token], pa.int64())) == want
+    rng.shuffle(asked)                                       # tokens out of order
+    assert read(asked, pa.array([tok.get(k, murmur3_token(k)) for k in asked], pa.int64())) == want
+    # no tokens given: murmur3's, under which keys 0-9 (stored under other tokens) are not found
+    plain = [k for k in asked if k not in keys[:10]]
+    assert read(plain, None) == [r for r in stored if r[0] in set(plain)]
+    # only a key whose token another stored key shares
+    assert read([keys[13]], pa.array([tok[keys[13]]], pa.int64())) == [r for r in stored if r[0] == keys[13]]
+
+
 class Crash(Exception):
     pass
 

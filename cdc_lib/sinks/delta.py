@@ -456,6 +456,65 @@ class StateStore(Protocol):
     def write_outbox(self, batch_seq: int, rows, batch_id: str = "") -> bool: ...
 
 
+# The most partitions whose tokens a scan of the state files tests as a set (``isin`` in its filter, run on the
+# scan's threads). The scan builds that set anew for every batch of 131,072 rows it reads: cheap for a few thousand
+# partitions, as much time as decoding the rows for a million. Above it a scan tests the token range only and
+# ``PartitionSet.rows_of`` looks the rows' tokens up among the sorted tokens, on the reading thread: the cheaper of
+# the two from about 150,000 partitions in a 1M-row state and 300,000-1,000,000 in a 10M-row one
+# (``benchmarks/bench_state_read.py``; docs/benchmarks.md, "The round after 5ff9a1b").
+SCAN_ISIN_MAX = 262_144
+
+
+class PartitionSet:
+    """The partitions a read of stored rows asks for (``keys`` with their ``tokens``; None: computed here), to pick
+    their rows out of the batches a scan returns, vectorised: a row's token is looked up among the partitions'
+    sorted tokens, then its key compared with the key of that token. Two of the partitions can share a token (murmur3
+    collides): then the keys are looked up as a set. Rows of a key not asked for that shares a token with one that
+    is are left out either way."""
+
+    def __init__(self, keys, tokens=None):
+        keys = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
+        keys = keys if keys.type == pa.binary() else keys.cast(pa.binary())     # as the stored column
+        if tokens is None:
+            tokens = pa.array([murmur3_token(k) for k in keys.to_pylist()], pa.int64())
+        tokens = tokens.combine_chunks() if isinstance(tokens, pa.ChunkedArray) else tokens
+        tok = tokens.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+        if len(tok) > 1 and not (tok[1:] >= tok[:-1]).all():
+            order = np.argsort(tok, kind="stable")
+            tok, keys = tok[order], keys.take(pa.array(order))
+        self.tokens, self.keys = tok, keys
+        self.shared = len(tok) > 1 and bool((tok[1:] == tok[:-1]).any())
+        self.lo, self.hi = int(tok[0]), int(tok[-1])
+
+    def scan_filter(self) -> pc.Expression:
+        """What a scan of the state files tests its rows with before ``rows_of``: the token range (Parquet
+        statistics skip the row groups outside it) and, for at most ``SCAN_ISIN_MAX`` partitions, the tokens as
+        a set."""
+        f = (pc.field("_cdc_token") >= self.lo) & (pc.field("_cdc_token") <= self.hi)
+        if len(self.tokens) <= SCAN_ISIN_MAX:
+            f = f & pc.field("_cdc_token").isin(pa.array(self.tokens))
+        return f
+
+    def rows_of(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """The rows of ``batch`` (with ``_cdc_token`` and ``_cdc_partition_key``) of these partitions."""
+        row_tokens = batch.column("_cdc_token").to_numpy(zero_copy_only=False)
+        # looked up in token order: the searches then walk the sorted tokens front to back, which is a quarter of
+        # the time of searching in the rows' own order (a state file's rows are in no order) with the sort included
+        order = np.argsort(row_tokens)
+        at = np.empty(len(row_tokens), np.int64)
+        at[order] = np.minimum(np.searchsorted(self.tokens, row_tokens[order]), len(self.tokens) - 1)
+        hit = self.tokens[at] == row_tokens
+        if not hit.all():
+            batch, at = batch.filter(pa.array(hit)), at[hit]
+        if not batch.num_rows:
+            return batch
+        if self.shared:
+            same = pc.is_in(batch.column("_cdc_partition_key"), value_set=self.keys)
+        else:
+            same = pc.equal(batch.column("_cdc_partition_key"), self.keys.take(pa.array(at)))
+        return batch if pc.all(same).as_py() else batch.filter(same)
+
+
 class DeltaRsStateStore:
     """``StateStore`` over deltalake (delta-rs). ``versions`` pins state tables {uri: version} for reads."""
 
@@ -513,24 +572,21 @@ class DeltaRsStateStore:
 
     def read_state_rows(self, table, keys, columns: Optional[list] = None,
                         tokens: Optional[pa.Array] = None) -> pa.Table:
-        """The stored rows of the partitions ``keys`` (metadata columns unless ``columns``). ``keys``: bytes, or
-        an Arrow binary array of distinct keys given with their ``tokens`` (no Python object per key)."""
+        """The stored rows of the partitions ``keys`` (metadata columns unless ``columns``), in the order the files
+        hold them. ``keys``: bytes, or an Arrow binary array of distinct keys given with their ``tokens`` (no
+        Python object per key)."""
         if not isinstance(keys, (pa.Array, pa.ChunkedArray)):
             keys = pa.array(list(set(keys)), pa.binary())
         ds = self._dataset(table)
         cols = columns or [c for c in META_COLUMNS if c in (ds.schema.names if ds is not None else ())]
         if ds is None or not len(keys):
             return pa.table({c: pa.array([], META_SCHEMA.field(c).type) for c in META_COLUMNS})
-        if tokens is None:
-            tokens = pa.array(sorted({murmur3_token(k) for k in keys.to_pylist()}), pa.int64())
-        lo, hi = pc.min_max(tokens).values()
-        # the range test lets Parquet statistics skip row groups; the set test picks the partitions
-        f = ((pc.field("_cdc_token") >= lo) & (pc.field("_cdc_token") <= hi)
-             & pc.field("_cdc_token").isin(tokens))
-        t = ds.to_table(columns=cols, filter=f)
-        wanted = pc.is_in(t["_cdc_partition_key"], value_set=keys)
-        # another key with one of the tokens is rare: without one, no copy of the rows (their cells are lists)
-        return t if pc.all(wanted).as_py() else t.filter(wanted)
+        wanted = PartitionSet(keys, tokens)
+        read = list(dict.fromkeys([*cols, "_cdc_token", "_cdc_partition_key"]))
+        batches = [b for b in map(wanted.rows_of, ds.to_batches(columns=read, filter=wanted.scan_filter()))
+                   if b.num_rows]
+        t = pa.Table.from_batches(batches, schema=pa.schema([ds.schema.field(c) for c in read]))
+        return t if read == cols else t.select(cols)
 
     def read_partitions(self, table, keys: Iterable[bytes]) -> dict:
         t = self.read_state_rows(table, keys)
