@@ -256,6 +256,41 @@ def test_the_stored_rows_read_are_those_of_the_keys_asked_whatever_their_tokens_
     assert read([keys[13]], pa.array([tok[keys[13]]], pa.int64())) == [r for r in stored if r[0] == keys[13]]
 
 
+
+def test_the_scans_batches_are_picked_on_threads_in_order_and_as_they_come():
+    """``_mapped_in_order`` (how a read picks the rows of its scan's batches): the results in the items' order
+    whatever order the threads finish in, the items taken from their iterator only a few ahead of the results (a
+    scan's batches are not all held at once), and a failure raised where its result is due."""
+    import time
+
+    from cdc_lib.sinks.delta import _mapped_in_order
+    taken = []
+
+    def items():
+        for i in range(40):
+            taken.append(i)
+            yield i
+
+    def slow_first(i):
+        time.sleep(0.02 if i % 5 == 0 else 0)
+        return i * i
+
+    results = _mapped_in_order(slow_first, items(), threads=2, ahead=4)
+    assert next(results) == 0 and len(taken) <= 6          # the first result, with at most 5 more items taken
+    assert list(results) == [i * i for i in range(1, 40)]
+
+    def fails_at_7(i):
+        if i == 7:
+            raise ValueError("batch 7")
+        return i
+
+    got = []
+    with pytest.raises(ValueError, match="batch 7"):
+        for r in _mapped_in_order(fails_at_7, range(20), threads=2, ahead=4):
+            got.append(r)
+    assert got == list(range(7))
+
+
 class Crash(Exception):
     pass
 

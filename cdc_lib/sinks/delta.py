@@ -72,6 +72,7 @@ columns.
 """
 from __future__ import annotations
 
+import collections
 import datetime
 import functools
 import json
@@ -459,9 +460,9 @@ class StateStore(Protocol):
 # The most partitions whose tokens a scan of the state files tests as a set (``isin`` in its filter, run on the
 # scan's threads). The scan builds that set anew for every batch of 131,072 rows it reads: cheap for a few thousand
 # partitions, as much time as decoding the rows for a million. Above it a scan tests the token range only and
-# ``PartitionSet.rows_of`` looks the rows' tokens up among the sorted tokens, on the reading thread: the cheaper of
-# the two from about 150,000 partitions in a 1M-row state and 300,000-1,000,000 in a 10M-row one
-# (``benchmarks/bench_state_read.py``; docs/benchmarks.md, "The round after 5ff9a1b").
+# ``PartitionSet.rows_of`` looks the rows' tokens up among the sorted tokens (on two threads beside the scan's): the
+# cheaper of the two from about 150,000-250,000 partitions in a 1M-row state and 300,000-1,000,000 in a 10M-row one,
+# where decoding takes both cores (``benchmarks/bench_state_read.py``; docs/benchmarks.md, "The round after 5ff9a1b").
 SCAN_ISIN_MAX = 262_144
 
 
@@ -513,6 +514,22 @@ class PartitionSet:
         else:
             same = pc.equal(batch.column("_cdc_partition_key"), self.keys.take(pa.array(at)))
         return batch if pc.all(same).as_py() else batch.filter(same)
+
+
+def _mapped_in_order(fn, items: Iterable, threads: int = 2, ahead: int = 4) -> Iterator:
+    """``map(fn, items)`` on ``threads`` threads, in order, with at most ``ahead`` results waiting: for work that
+    releases the GIL (numpy, Arrow), such as ``PartitionSet.rows_of`` on the batches of a scan, which it picks the
+    rows of on both cores while the scan's own threads decode the next batches (a quarter less time for a million
+    partitions of a 1M-row state)."""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(threads, thread_name_prefix="cdc-read") as pool:
+        pending: collections.deque = collections.deque()
+        for item in items:
+            pending.append(pool.submit(fn, item))
+            if len(pending) > ahead:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
 
 
 class DeltaRsStateStore:
@@ -583,8 +600,8 @@ class DeltaRsStateStore:
             return pa.table({c: pa.array([], META_SCHEMA.field(c).type) for c in META_COLUMNS})
         wanted = PartitionSet(keys, tokens)
         read = list(dict.fromkeys([*cols, "_cdc_token", "_cdc_partition_key"]))
-        batches = [b for b in map(wanted.rows_of, ds.to_batches(columns=read, filter=wanted.scan_filter()))
-                   if b.num_rows]
+        scan = ds.to_batches(columns=read, filter=wanted.scan_filter())
+        batches = [b for b in _mapped_in_order(wanted.rows_of, scan) if b.num_rows]
         t = pa.Table.from_batches(batches, schema=pa.schema([ds.schema.field(c) for c in read]))
         return t if read == cols else t.select(cols)
 
