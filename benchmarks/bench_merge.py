@@ -188,14 +188,20 @@ def change_records(table, ids: np.ndarray, ts: int, tag: str, nvals: np.ndarray)
                                  for f in CELL_LOG_SCHEMA], schema=CELL_LOG_SCHEMA)
 
 
-def build_state(root: str, table, rows: int, chunk: int) -> None:
+def build_state(root: str, table, rows: int, chunk: int, shuffle_seed: int | None = None) -> None:
+    """A state of ``rows`` partitions in files of ``chunk`` rows, each file's rows in token order, or in random
+    order with ``shuffle_seed`` (as a MERGE leaves them)."""
     from deltalake import write_deltalake
     uri = delta_store.state_table_uri(root, table.keyspace, table.name)
     DeltaRs = delta_store.DeltaRsStateStore(root)
     DeltaRs.ensure_table(table)
+    rng = None if shuffle_seed is None else np.random.default_rng(shuffle_seed)
     for start in range(0, rows, chunk):
         ids = np.arange(start, min(rows, start + chunk), dtype=np.int64) * 2   # even ids exist, odd are new
-        write_deltalake(uri, state_chunk(table, ids, TS0), mode="append",     # the files as the pipeline's
+        t = state_chunk(table, ids, TS0)
+        if rng is not None:
+            t = t.take(pa.array(rng.permutation(t.num_rows)))
+        write_deltalake(uri, t, mode="append",     # the files as the pipeline's
                         writer_properties=delta_store.writer_properties())
 
 

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_state_read.py --state-rows 10000000 --keys 10000,65536,300000,1000000
 
 The state is ``bench_merge.py``'s (``bench.kv``, one row a partition, files of ``--chunk`` rows) with each file's
-rows in random order, as a MERGE leaves them (``build_state`` writes them sorted by token). For each number of
+rows in random order, as a MERGE leaves them (``bench_merge.py`` keeps them sorted by token). For each number of
 keys (distinct partitions, one in five absent from the state, with their murmur3 tokens in token order, as
 ``partition_keys`` gives them), in one run, alternating, ``--repeat`` times:
 
@@ -19,7 +19,6 @@ Medians of seconds of wall time on this machine; the rows read are checked equal
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import sys
@@ -33,32 +32,17 @@ import cdc_lib  # noqa: E402,F401  (before pyarrow, as in the pipeline's process
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
-from bench_merge import CQL, TS0, _be64, state_chunk  # noqa: E402
+from bench_merge import CQL, _be64, build_state, change_ids  # noqa: E402
 
 from cdc_lib.cql.schema_from_ddl import load_cql_schema  # noqa: E402
 from cdc_lib.cql.tokens import token as murmur3_token  # noqa: E402
 from cdc_lib.sinks import delta as delta_store  # noqa: E402
 
 
-def build_state(root: str, table, rows: int, chunk: int, seed: int) -> None:
-    from deltalake import write_deltalake
-    uri = delta_store.state_table_uri(root, table.keyspace, table.name)
-    delta_store.DeltaRsStateStore(root).ensure_table(table)
-    rng = np.random.default_rng(seed)
-    for start in range(0, rows, chunk):
-        ids = np.arange(start, min(rows, start + chunk), dtype=np.int64) * 2   # even ids exist, odd are new
-        t = state_chunk(table, ids, TS0)
-        write_deltalake(uri, t.take(pa.array(rng.permutation(t.num_rows))), mode="append",
-                        writer_properties=delta_store.writer_properties())
-
-
 def asked(rows: int, keys: int, seed: int) -> tuple:
-    """(keys, tokens) of ``keys`` distinct partitions, one in five absent, in token order."""
-    rng = np.random.default_rng(seed)
-    n_new = keys // 5
-    ids = np.concatenate([rng.choice(rows, size=keys - n_new, replace=False) * 2,
-                          rng.choice(rows, size=n_new, replace=False) * 2 + 1]).astype(np.int64)
-    k = _be64(ids)                                      # bigint keys, as the state's
+    """(keys, tokens) of ``keys`` distinct partitions (``bench_merge.change_ids``: one in five absent), in token
+    order."""
+    k = _be64(change_ids(rows, keys, 0.2, seed)[0])            # bigint keys, as the state's
     tok = np.array([murmur3_token(x) for x in k.to_pylist()], np.int64)
     order = np.argsort(tok, kind="stable")
     return k.take(pa.array(order)), pa.array(tok[order])
@@ -80,7 +64,7 @@ def main(argv=None) -> int:
         store = delta_store.DeltaRsStateStore(work)
         if store._dataset(table) is None:
             t0 = time.perf_counter()
-            build_state(work, table, a.state_rows, a.chunk, a.seed)
+            build_state(work, table, a.state_rows, a.chunk, shuffle_seed=a.seed)
             print(f"built {a.state_rows:,} rows in {time.perf_counter() - t0:.1f} s")
         ds = store._dataset(table)
         cols = [c for c in delta_store.META_COLUMNS if c in ds.schema.names]
