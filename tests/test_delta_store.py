@@ -202,21 +202,23 @@ def test_a_snapshot_is_what_the_store_reads_while_another_batch_commits(tmp_path
     assert store.read_state_rows(t, keys).select(META_COLUMNS).sort_by(order).equals(before)
 
 
-@pytest.mark.parametrize("set_in_scan", [True, False], ids=["isin-in-scan", "sorted-lookup"])
+@pytest.mark.parametrize("set_in_scan,read_threads", [(True, 2), (False, 2), (False, 1)],
+                         ids=["isin-in-scan", "sorted-lookup", "sorted-lookup-one-thread"])
 def test_the_stored_rows_read_are_those_of_the_keys_asked_whatever_their_tokens_share(tmp_path, monkeypatch,
-                                                                                     set_in_scan):
+                                                                                     set_in_scan, read_threads):
     """``read_state_rows`` picks the rows of exactly the keys asked for, in the files' order, from a state of
     several files: partitions of several rows; two stored keys sharing a token of which only one is asked for; two
     asked keys sharing a token; keys with no stored row; tokens given out of order, or not at all (murmur3's then).
     Both ways a scan tests tokens (a set in its filter for few partitions, a sorted lookup for many) give the same
-    rows. The truth is a plain filter of every stored row by its key."""
+    rows, whether the rows are picked on threads beside the scan or on the reading thread (a Spark task's). The
+    truth is a plain filter of every stored row by its key."""
     from deltalake import write_deltalake
 
     from cdc_lib.cql.tokens import token as murmur3_token
     from cdc_lib.sinks import delta as delta_store
     monkeypatch.setattr(delta_store, "SCAN_ISIN_MAX", 10 ** 9 if set_in_scan else 0)
     t = SCHEMA.by_name("shop", "orders")
-    store = DeltaRsStateStore(str(tmp_path))
+    store = DeltaRsStateStore(str(tmp_path), read_threads=read_threads)
     rng = random.Random(5)
     keys = [b"k%03d" % i for i in range(300)]
     # real tokens, except that keys 0-9 share the token of key 10 + i (collisions murmur3 could make)
@@ -257,7 +259,9 @@ def test_the_stored_rows_read_are_those_of_the_keys_asked_whatever_their_tokens_
 def test_the_scans_batches_are_picked_on_threads_in_order_and_as_they_come():
     """``_mapped_in_order`` (how a read picks the rows of its scan's batches): the results in the items' order
     whatever order the threads finish in, the items taken from their iterator only a few ahead of the results (a
-    scan's batches are not all held at once), and a failure raised where its result is due."""
+    scan's batches are not all held at once), and a failure raised where its result is due. On one thread (a Spark
+    task's read) the items are mapped on the calling thread, one at a time."""
+    import threading
     import time
 
     from cdc_lib.sinks.delta import _mapped_in_order
@@ -286,6 +290,18 @@ def test_the_scans_batches_are_picked_on_threads_in_order_and_as_they_come():
         for r in _mapped_in_order(fails_at_7, range(20), threads=2, ahead=4):
             got.append(r)
     assert got == list(range(7))
+
+    taken.clear()
+    on_threads = []
+
+    def on_which_thread(i):
+        on_threads.append(threading.current_thread())
+        return i + 1
+
+    results = _mapped_in_order(on_which_thread, items(), threads=1)
+    assert next(results) == 1 and taken == [0]
+    assert list(results) == list(range(2, 41))
+    assert set(on_threads) == {threading.current_thread()}
 
 
 class Crash(Exception):

@@ -439,7 +439,9 @@ def _reconcile(schema, root: str, storage_options: dict, app_id: str, versions: 
         to read each table's stored rows once for all its chunks (``ReadAhead``). Without it (a Spark task, whose
         input is a stream), the batches are taken a window at a time (``_WindowSizes``), and each table's stored
         rows are read once per window."""
-        store = DeltaRsStateStore(root, storage_options, app_id=app_id, versions=versions)
+        # a Spark task has one core (``_engine_threads``): its reads pick their rows on its own thread
+        store = DeltaRsStateStore(root, storage_options, app_id=app_id, versions=versions,
+                                  read_threads=_engine_threads() or 2)
         if read_ahead:
             ahead = ReadAhead(store, read_ahead)
             for chunk in _partition_runs(batches, CHUNK_PARTITIONS):
