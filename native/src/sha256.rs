@@ -46,8 +46,15 @@ impl Prefixed {
     /// The first 16 bytes of SHA-256(prefix ‖ `input`).
     pub fn digest16(&self, input: &[u8]) -> [u8; 16] {
         let m = self.message(input);
-        let mut h = self.h;
+        #[cfg(target_arch = "x86_64")]
+        if shani::available() {
+            // the state kept in registers from the first block to the last (a mutation id hashes a whole
+            // commit-log entry: many blocks), not loaded and stored around each
+            // SAFETY: the processor has the SHA, SSSE3 and SSE4.1 instructions (`available`)
+            return first16(&unsafe { shani::digest(&self.h, &m) });
+        }
         let mut block = [0u8; 64];
+        let mut h = self.h;
         for i in 0..m.blocks {
             m.block(i, &mut block);
             compress_one(&mut h, &block);
@@ -256,6 +263,18 @@ mod shani {
         step!(12, *s, w); step!(13, *s, w); step!(14, *s, w); step!(15, *s, w);
         s.abef = _mm_add_epi32(s.abef, start.abef);
         s.cdgh = _mm_add_epi32(s.cdgh, start.cdgh);
+    }
+
+    /// Every block of `m` from the hash value `h`: the hash value after them.
+    #[target_feature(enable = "sha,sse2,ssse3,sse4.1")]
+    pub unsafe fn digest(h: &[u32; 8], m: &super::Padded) -> [u32; 8] {
+        let mut s = State::load(h);
+        let mut block = [0u8; 64];
+        for i in 0..m.blocks {
+            m.block(i, &mut block);
+            compress(&mut s, &block);
+        }
+        s.store()
     }
 
     /// A block of each of two messages, their rounds interleaved: neither waits on the other's.
