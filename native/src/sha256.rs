@@ -49,7 +49,7 @@ impl Prefixed {
         #[cfg(target_arch = "x86_64")]
         if shani::available() {
             // the state kept in registers from the first block to the last (a mutation id hashes a whole
-            // commit-log entry: many blocks), not loaded and stored around each
+            // commit-log entry: two blocks or many more), not loaded and stored around each
             // SAFETY: the processor has the SHA, SSSE3 and SSE4.1 instructions (`available`)
             return first16(&unsafe { shani::digest(&self.h, &m) });
         }
