@@ -287,6 +287,25 @@ def test_a_spark_task_reads_each_tables_stored_rows_once_per_window(cluster, tmp
     _assert_same_outbox_and_state(root, core, schema, len(batches))
 
 
+def test_a_spark_task_picks_its_stored_rows_on_its_own_thread(monkeypatch):
+    """A Spark task has one core (its sibling tasks have the others): its store reads with one thread, where the
+    in-driver transform reads with two."""
+    import pyspark
+
+    from cdc_lib.spark import merge_job as mb
+    made = []
+
+    class Store:
+        def __init__(self, *args, read_threads, **kwargs):
+            made.append(read_threads)
+    monkeypatch.setattr(mb, "DeltaRsStateStore", Store)
+    reconcile = mb._reconcile(None, "", {}, "app", {}, 0, None, "", 1, mb.OP_CREATE, {})
+    assert list(reconcile(iter([]))) == []          # the driver: no task
+    monkeypatch.setattr(pyspark.TaskContext, "get", classmethod(lambda cls: object()))
+    assert list(reconcile(iter([]))) == []          # inside a task
+    assert made == [2, 1]
+
+
 def test_a_spark_tasks_windows_hold_whole_partitions_within_the_memory_budget(monkeypatch):
     """A task's first window is a chunk; each next one holds as many partitions as ``READ_AHEAD_BYTES`` does at the
     bytes a partition took in the window before, never fewer than a chunk or more than ``READ_AHEAD_PARTITIONS``;
@@ -311,11 +330,18 @@ def test_a_spark_tasks_windows_hold_whole_partitions_within_the_memory_budget(mo
     rows = pa.table({"table_id": ["t"] * len(keys), "partition_key": keys})
     batches = [rows.slice(a, 7).to_batches()[0] for a in range(0, rows.num_rows, 7)]
     asked = iter([4, 1, 9, 5, 100])
-    windows = [pa.Table.from_batches(w).column("partition_key").to_pylist()
-               for w in mb._partition_runs(batches, lambda: next(asked))]
+    runs = [(pa.Table.from_batches(w), starts) for w, starts in mb._partition_runs(batches, lambda: next(asked))]
+    windows = [w.column("partition_key").to_pylist() for w, _ in runs]
     assert [len(set(w)) for w in windows] == [4, 1, 9, 5, 11]
     assert [k for w in windows for k in w] == keys
     assert all(not set(a) & set(b) for a, b in zip(windows, windows[1:]))
+    # each window says where its partitions begin, as its rows are numbered; its chunks are whole partitions
+    for (w, starts), ks in zip(runs, windows):
+        assert starts.tolist() == [i for i, k in enumerate(ks) if i == 0 or k != ks[i - 1]]
+        chunks = [c.column("partition_key").to_pylist() for c in mb._chunks(w, starts, 2)]
+        assert [k for c in chunks for k in c] == ks
+        assert [len(set(c)) for c in chunks] == [2] * (len(set(ks)) // 2) + [1] * (len(set(ks)) % 2)
+        assert all(not set(a) & set(b) for a, b in zip(chunks, chunks[1:]))
 
 
 def test_read_ahead_answers_every_chunk_with_the_stores_own_rows():
