@@ -268,7 +268,7 @@ def test_a_spark_task_reads_each_tables_stored_rows_once_per_window(cluster, tmp
 
     def as_in_a_task(*a, **k):
         rec = task_reconcile(*a, **k)
-        return lambda batches, read_ahead=None: rec(batches)      # the read-ahead a Spark task does not have
+        return lambda batches, whole=False: rec(batches)      # a Spark task's input is a stream
     monkeypatch.setattr(mb, "_reconcile", as_in_a_task)
     asked, reads = _count_reads(monkeypatch, mb)
     root = tmp_path / "tasks"

@@ -433,24 +433,20 @@ def _reconcile(schema, root: str, storage_options: dict, app_id: str, versions: 
                 out.append(pa.RecordBatch.from_pylist(python_rows(store, table, tid, mine), schema=OUT_SCHEMA))
         return out
 
-    def reconcile(batches, read_ahead: Optional[dict] = None):
-        """``read_ahead``: table id -> (keys, tokens) of all the partitions the batches hold (``batch_partitions``),
-        to read each table's stored rows once for all its chunks (``ReadAhead``). Without it (a Spark task, whose
-        input is a stream), the batches are taken a window at a time (``_WindowSizes``), and each table's stored
-        rows are read once per window."""
+    def reconcile(batches, whole: bool = False):
+        """The batches are taken a window of partitions at a time, and each table's stored rows are read once per
+        window (``ReadAhead``), then reconciled a chunk at a time. A Spark task's input is a stream: its windows
+        are as large as ``_WindowSizes`` says. ``whole``: the batches are the whole batch, in memory (the
+        in-process transform, bounded by ``driver_batch_max_bytes``): one window holds them all, and each table's
+        stored rows are read once."""
         # a Spark task has one core (``_engine_threads``): its reads pick their rows on its own thread
         store = DeltaRsStateStore(root, storage_options, app_id=app_id, versions=versions,
                                   read_threads=_engine_threads() or 2)
-        if read_ahead:
-            ahead = ReadAhead(store, read_ahead)
-            for chunk, _ in _partition_runs(batches, CHUNK_PARTITIONS):
-                yield from flush(ahead, pa.Table.from_batches(chunk))
-            return
         sizes = _WindowSizes()
         # where the window's partitions begin is found once, as it is cut from the stream, and serves its
         # read-ahead's keys and its chunks (finding them again took 10 of the 23 ms these steps take for a
         # window of 300,000 partitions)
-        for window, starts in _partition_runs(batches, sizes.next):
+        for window, starts in _partition_runs(batches, float("inf") if whole else sizes.next):
             rows = pa.Table.from_batches(window)
             partitions = batch_partitions(rows, starts)
             ahead = ReadAhead(store, partitions)
@@ -1048,7 +1044,7 @@ def _run_in_driver(paths: list, marks: list, *, parse, reconcile, timings: dict,
         table = _take(table, _partition_order(table))
     with _timed(timings, "reconcile"):
         # the whole batch is here: each table's stored rows read once, not once per chunk
-        out = pa.Table.from_batches(list(reconcile(iter(table.to_batches()), read_ahead=batch_partitions(table))),
+        out = pa.Table.from_batches(list(reconcile(iter(table.to_batches()), whole=True)),
                                     schema=OUT_SCHEMA)
     with _timed(timings, "sort_events"):
         kind = out.column("out_kind")
