@@ -36,6 +36,7 @@ from cdc_lib.commitlog.model import Cell, DeletionTime, Mutation, PartitionUpdat
 from cdc_lib.commitlog.mutation import finish_update
 from cdc_lib.cql.schema import REGULAR, STATIC, ColumnMask, ColumnMetadata, DroppedColumn, TableMetadata
 from cdc_lib.cql.types import encode_counter_context, parse_type
+from cdc_lib.cql.tokens import token as murmur3_token
 from cdc_lib.sinks.delta import (EVENT_FIELDS, META_PREFIX, change_rows, merge_source_schema, outbox_row,
                                  rows_to_arrow, table_outputs)
 from cdc_lib.state import native
@@ -198,6 +199,33 @@ def test_a_batch_of_a_few_wide_partitions_is_spread_over_the_threads_and_joins_a
     assert two.events.num_rows == 36_000 and two.events.to_pylist() == one.events.to_pylist()
     assert two.state_rows.to_pylist() == one.state_rows.to_pylist() and two.changed == one.changed == 3
     assert [p for p, _ in itertools.groupby(two.events.column("partition").to_pylist())] == [0, 1, 2]
+
+
+def test_a_batch_of_many_narrow_partitions_is_cut_into_many_runs_and_joins_as_one_thread_gives_it():
+    """50,000 partitions of two rows each (100,000 records, a record a row): the threads take many runs of
+    partitions in turn (more than two each, so that a core the machine slows down for a while leaves the other
+    idle for less), and the joined outputs are one thread's, row for row and in publish order."""
+    table = make_rules_table()
+    pk_type, ck_type, v_type = table.partition_key[0].type, table.clustering[0].type, table.columns["v"].type
+    rows = [Row((ck_type.encode(ck),), cells=[Cell("v", v_type.encode(7), 10)]) for ck in (1, 2)]
+    template = mutation_records(Mutation([finish_update(PartitionUpdate(table.id, pk_type.encode(0), table,
+                                                                        unfiltereds=rows))],
+                                         "CommitLog-7-1.log", 1, 100, mutation_id=bytes(16)), 0)
+    assert len(template) == 2
+    records = []
+    for p in range(50_000):
+        pk = pk_type.encode(p)
+        records += [{**r, "partition_key": pk, "token": murmur3_token(pk), "entry_index": p, "position": 100 + p,
+                     "mutation_id": p.to_bytes(16, "big")} for r in template]
+    log = pa.Table.from_pylist(records, schema=CELL_LOG_SCHEMA)
+    outputs = {threads: native.process_table(table, log, pa.Table.from_pylist([], schema=STATE_SCHEMA), 100,
+                                             state_schema=merge_source_schema(table), threads=threads)
+               for threads in (1, 2)}
+    one, two = outputs[1], outputs[2]
+    assert one.events.column("event_id").num_chunks == 1 and two.events.column("event_id").num_chunks > 4
+    assert two.events.num_rows == 100_000 and two.events.to_pylist() == one.events.to_pylist()
+    assert two.state_rows.to_pylist() == one.state_rows.to_pylist() and two.changed == one.changed == 50_000
+    assert two.events.column("partition").to_pylist() == sorted(list(range(50_000)) * 2)
 
 
 @contextlib.contextmanager

@@ -981,10 +981,18 @@ pub fn process_table(t: &mut Table, cell_log: &[Col], stored: &[Col], expiring: 
 /// The fewest records worth a run of their own: below it, handing a run to another thread costs more than it saves.
 const MIN_RUN_RECORDS: usize = 16_384;
 
-/// Contiguous runs of `order` for `threads` threads: about two per thread, cut by records, not by partitions,
-/// so that a batch of a few wide partitions (a time series' day, say) is spread as well as one of many small
-/// ones. A partition with no records (a TTL sweep's) counts as one; a run holds at least `MIN_RUN_RECORDS`
-/// records or the rest of the batch, and whole partitions.
+/// How many runs each thread is given to take, when the batch is large enough (`MIN_RUN_RECORDS`). The threads
+/// take runs in turn, so one ends at most about a run after the other: with runs small, a core the machine slows
+/// down for a while leaves the other idle for less. On the project's 2-core VMs, runs of the same number of
+/// records took up to 1.8 times as long as each other within one 1M-change call; with 2 runs per thread the
+/// first thread to end waited 0.13-0.23 s on average for the other (up to 0.5 s, in calls of 1.3-1.9 s), with 32
+/// 0.016-0.019 s (docs/benchmarks.md). A run costs a chunk of each output and buffers of its own, nothing more.
+const RUNS_PER_THREAD: usize = 32;
+
+/// Contiguous runs of `order` for `threads` threads: about `RUNS_PER_THREAD` per thread, cut by records, not by
+/// partitions, so that a batch of a few wide partitions (a time series' day, say) is spread as well as one of
+/// many small ones. A partition with no records (a TTL sweep's) counts as one; a run holds at least
+/// `MIN_RUN_RECORDS` records or the rest of the batch, and whole partitions.
 fn runs_of(order: &[Part], threads: usize) -> Vec<std::ops::Range<usize>> {
     let weight = |p: &Part| p.recs.len().max(1);
     if order.is_empty() {
@@ -993,7 +1001,8 @@ fn runs_of(order: &[Part], threads: usize) -> Vec<std::ops::Range<usize>> {
     if threads <= 1 {
         return vec![0..order.len()];
     }
-    let per = order.iter().map(weight).sum::<usize>().div_ceil(threads * 2).max(MIN_RUN_RECORDS);
+    let records = order.iter().map(weight).sum::<usize>();
+    let per = records.div_ceil(threads * RUNS_PER_THREAD).max(MIN_RUN_RECORDS);
     let mut runs = Vec::new();
     let (mut start, mut n) = (0, 0);
     for (i, p) in order.iter().enumerate() {
