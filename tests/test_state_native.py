@@ -35,8 +35,8 @@ from cdc_lib.celllog.schema import CELL_LOG_SCHEMA
 from cdc_lib.commitlog.model import Cell, DeletionTime, Mutation, PartitionUpdate, Row
 from cdc_lib.commitlog.mutation import finish_update
 from cdc_lib.cql.schema import REGULAR, STATIC, ColumnMask, ColumnMetadata, DroppedColumn, TableMetadata
-from cdc_lib.cql.types import encode_counter_context, parse_type
 from cdc_lib.cql.tokens import token as murmur3_token
+from cdc_lib.cql.types import encode_counter_context, parse_type
 from cdc_lib.sinks.delta import (EVENT_FIELDS, META_PREFIX, change_rows, merge_source_schema, outbox_row,
                                  rows_to_arrow, table_outputs)
 from cdc_lib.state import native

@@ -985,7 +985,7 @@ const MIN_RUN_RECORDS: usize = 16_384;
 /// take runs in turn, so one ends at most about a run after the other: with runs small, a core the machine slows
 /// down for a while leaves the other idle for less. On the project's 2-core VMs, runs of the same number of
 /// records took up to 1.8 times as long as each other within one 1M-change call; with 2 runs per thread the
-/// first thread to end waited 0.13-0.23 s on average for the other (up to 0.5 s, in calls of 1.3-1.9 s), with 32
+/// first thread to end waited 0.13-0.23 s on average for the other (up to 0.5 s, in calls of 1.3-1.9 s); with 32,
 /// 0.016-0.019 s (docs/benchmarks.md). A run costs buffers of its own and a chunk of each output, which Python
 /// wraps in about 0.3 ms (16-28 ms for the 64 runs of such a call, against 2-3 ms for 4).
 const RUNS_PER_THREAD: usize = 32;
