@@ -174,6 +174,12 @@ def test_compiled_engine_keeps_the_counter_shards_a_later_deletion_uncovers():
     assert seen["events"] == 2      # c (n = 12), then u (12 -> 9)
 
 
+def _on_one_thread_and_on_two(table, log: pa.Table) -> tuple:
+    """The compiled engine's answers for ``log`` with no stored state: on one thread, and on two."""
+    return tuple(native.process_table(table, log, pa.Table.from_pylist([], schema=STATE_SCHEMA), 100,
+                                      state_schema=merge_source_schema(table), threads=threads) for threads in (1, 2))
+
+
 def test_a_batch_of_a_few_wide_partitions_is_spread_over_the_threads_and_joins_as_one_thread_gives_it():
     """Three partitions of 12,000 rows each (a wide-row table's batch: few partitions, many records) are cut
     between the compiled engine's threads by records, not by partitions (it was one thread's work while a run
@@ -190,10 +196,7 @@ def test_a_batch_of_a_few_wide_partitions_is_spread_over_the_threads_and_joins_a
                                       mutation_id=len(mutations).to_bytes(16, "big")))
     log = pa.Table.from_pylist([r for j, m in enumerate(mutations) for r in mutation_records(m, j)],
                                schema=CELL_LOG_SCHEMA)
-    outputs = {threads: native.process_table(table, log, pa.Table.from_pylist([], schema=STATE_SCHEMA), 100,
-                                             state_schema=merge_source_schema(table), threads=threads)
-               for threads in (1, 2)}
-    one, two = outputs[1], outputs[2]
+    one, two = _on_one_thread_and_on_two(table, log)
     assert one.events.column("event_id").num_chunks == 1 and two.events.column("event_id").num_chunks >= 2
     assert not one.python and not two.python
     assert two.events.num_rows == 36_000 and two.events.to_pylist() == one.events.to_pylist()
@@ -218,10 +221,7 @@ def test_a_batch_of_many_narrow_partitions_is_cut_into_many_runs_and_joins_as_on
         records += [{**r, "partition_key": pk, "token": murmur3_token(pk), "entry_index": p, "position": 100 + p,
                      "mutation_id": p.to_bytes(16, "big")} for r in template]
     log = pa.Table.from_pylist(records, schema=CELL_LOG_SCHEMA)
-    outputs = {threads: native.process_table(table, log, pa.Table.from_pylist([], schema=STATE_SCHEMA), 100,
-                                             state_schema=merge_source_schema(table), threads=threads)
-               for threads in (1, 2)}
-    one, two = outputs[1], outputs[2]
+    one, two = _on_one_thread_and_on_two(table, log)
     assert one.events.column("event_id").num_chunks == 1 and two.events.column("event_id").num_chunks > 4
     assert two.events.num_rows == 100_000 and two.events.to_pylist() == one.events.to_pylist()
     assert two.state_rows.to_pylist() == one.state_rows.to_pylist() and two.changed == one.changed == 50_000
@@ -262,7 +262,6 @@ def test_a_doubted_partition_is_done_by_the_python_engine_in_its_place():
     which a Python dict merges into one) makes it hand that partition back; the outputs are still the Python
     engine's, the doubted partition in its place in publish order."""
     from cdc_lib.cql.schema_from_ddl import load_cql_schema
-    from cdc_lib.cql.tokens import token
     table = load_cql_schema("CREATE TABLE ks.doubt (k int PRIMARY KEY, m frozen<map<double, int>>, n int) "
                             "WITH ID = 6d0c1e2a-93f4-4c1b-8f7a-2b5e9d3c4a10;").by_name("ks", "doubt")
     one = lambda b: len(b).to_bytes(4, "big") + b  # noqa: E731
@@ -273,7 +272,7 @@ def test_a_doubted_partition_is_done_by_the_python_engine_in_its_place():
         pk, position = k.to_bytes(4, "big"), 100 + k
         return {"segment": "CommitLog-7-1.log", "segment_id": 1, "position": position, "entry_index": k,
                 "seq": seq, "table_id": str(table.id), "keyspace": "ks", "table": "doubt", "partition_key": pk,
-                "token": token(pk), "clustering": b"", "is_static": False, "kind": "cell", "column": column,
+                "token": murmur3_token(pk), "clustering": b"", "is_static": False, "kind": "cell", "column": column,
                 "value": value, "timestamp": 10, "ttl": 0, "local_deletion_time": (1 << 31) - 1,
                 "mutation_id": position.to_bytes(16, "big")}
     # one mutation a partition: partition `bad`'s sets n and the map. Each partition in turn, so that the doubted
