@@ -46,9 +46,11 @@ Data path on Spark (nothing proportional to the batch passes through the driver)
 
 Small batches (``driver_batch_max_bytes`` of segments on a local master: the transform step decides, and calls
 ``run_batch`` without a session) run steps 1-3 in the calling process and write with delta-rs
-(``sinks.delta.DeltaRsStateStore``): the same parse and reconcile functions over the same key order, without a
-JVM, task launches or Arrow <-> JVM conversion, and each table's stored rows read once for the whole batch
-(``ReadAhead``) rather than once per chunk. The outputs are the same either way (tested).
+(``sinks.delta.DeltaRsStateStore``): the same parse and reconcile functions, without a JVM, task launches or Arrow
+<-> JVM conversion, and each table's stored rows read once for the whole batch rather than once per chunk. There
+the batch is not sorted for the compiled engine: each table's records go to it in one call as they were read, and
+it groups them itself; the Python engine and a backfill get the batch sorted into ``GROUP_ORDER`` and cut into
+chunks (``ReadAhead``). The outputs are the same either way (tested).
 ``LAST_TIMINGS`` holds the last run's seconds per stage.
 
 Atomicity and reruns: see ``cdc_lib.sinks.delta`` (each commit carries the app transaction ``(app_id, batch_seq)``;
@@ -356,7 +358,8 @@ def _reconcile(schema, root: str, storage_options: dict, app_id: str, versions: 
     partitions, whose tables are reconciled in turn: by the compiled engine (``sinks.delta.table_outputs``, Arrow in
     and out) when ``state.native.enabled()`` in the executor, else, and for a backfill table (``r`` events, a
     scan horizon: the compiled engine does neither), by ``state.batch.process_partition`` per partition. Both
-    give the same rows (``tests/test_merge_batch.py``)."""
+    give the same rows (``tests/test_merge_batch.py``). The in-process transform hands it the whole batch unsorted
+    instead (``whole=True``)."""
     import uuid
 
     from cdc_lib.scan.horizon import Horizon
