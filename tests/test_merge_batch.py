@@ -146,7 +146,7 @@ def test_spark_batches_equal_the_core_and_the_model(spark, cluster, tmp_path, mo
 def test_compiled_engine_gives_the_python_engines_outbox_and_state(cluster, tmp_path, monkeypatch):
     """The in-driver batch with the compiled state engine (CASSANDRA_CDC_NATIVE=1) writes byte for byte the outbox
     and state of the Python engine (=0): plain batches, a damaged segment, TTL sweeps without records, a backfill
-    (``r`` events: Python on both sides), the Python engine over chunks cut mid-table."""
+    (``r`` events: Python on both sides), over chunks cut mid-table."""
     from cdc_lib.spark import merge_job as mb
     from cdc_lib.state import native as native_state
     if not native_state.available():
@@ -236,18 +236,11 @@ def _each_batch(root, schema, batches, nows, *logs):
         yield paths
 
 
-@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "python"])
-def test_the_in_process_transform_reads_each_tables_stored_rows_once(cluster, tmp_path, monkeypatch, compiled):
+def test_the_in_process_transform_reads_each_tables_stored_rows_once(cluster, tmp_path, monkeypatch):
     """Reconcile reads the prior state chunk by chunk, each chunk a token range; a state file holds rows of the
     whole ring, so a read per chunk decoded every file again. In the process, where the whole batch is at hand, each
-    table's stored rows are read once: by the compiled engine, which takes each table's records whole and in the
-    order they were read; by the Python engine, once for all the chunks of the sorted batch. The outbox and the state
-    are the core's."""
+    table's stored rows are read once for all its chunks, and the outbox and the state are the core's."""
     from cdc_lib.spark import merge_job as mb
-    from cdc_lib.state import native as native_state
-    if compiled and not native_state.available():
-        pytest.skip("cdc_native without the compiled state engine (API 2): run scripts/setup.sh")
-    monkeypatch.setenv("CASSANDRA_CDC_NATIVE", "1" if compiled else "0")
     schema, _, batches = cluster
     nows = [NOW0 + 30, NOW0 + 120]
     monkeypatch.setattr(mb, "CHUNK_PARTITIONS", 7)      # several chunks per table
@@ -256,10 +249,7 @@ def test_the_in_process_transform_reads_each_tables_stored_rows_once(cluster, tm
     for _ in _each_batch(root, schema, batches, nows, asked, reads):
         read = [t for t, _ in reads]
         assert read and sorted(read) == sorted(set(read)), read          # one read per table
-        if compiled:
-            assert asked == [], asked               # no chunks: each table's records in one call
-        else:
-            assert set(asked) == set(read) and len(asked) > len(read), (asked, read)
+        assert set(asked) == set(read) and len(asked) > len(read), (asked, read)
     core = tmp_path / "core"
     _core(core, schema, batches, nows)
     _assert_same_outbox_and_state(root, core, schema, len(batches))
@@ -278,13 +268,7 @@ def test_a_spark_task_reads_each_tables_stored_rows_once_per_window(cluster, tmp
 
     def as_in_a_task(*a, **k):
         rec = task_reconcile(*a, **k)
-
-        def streamed(batches, whole=False):
-            import pyarrow as pa
-            # a Spark task's input is a stream, sorted by the shuffle
-            rows = pa.Table.from_batches(list(batches), schema=mb.CELL_ROWS_SCHEMA)
-            return rec(iter(mb._take(rows, mb._partition_order(rows)).to_batches()))
-        return streamed
+        return lambda batches, whole=False: rec(batches)      # a Spark task's input is a stream
     monkeypatch.setattr(mb, "_reconcile", as_in_a_task)
     asked, reads = _count_reads(monkeypatch, mb)
     root = tmp_path / "tasks"

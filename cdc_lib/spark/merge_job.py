@@ -46,11 +46,9 @@ Data path on Spark (nothing proportional to the batch passes through the driver)
 
 Small batches (``driver_batch_max_bytes`` of segments on a local master: the transform step decides, and calls
 ``run_batch`` without a session) run steps 1-3 in the calling process and write with delta-rs
-(``sinks.delta.DeltaRsStateStore``): the same parse and reconcile functions, without a JVM, task launches or Arrow
-<-> JVM conversion, and each table's stored rows read once for the whole batch rather than once per chunk. There
-the batch is not sorted for the compiled engine: each table's records go to it in one call as they were read, and
-it groups them itself; the Python engine and a backfill get the batch sorted into ``GROUP_ORDER`` and cut into
-chunks (``ReadAhead``). The outputs are the same either way (tested).
+(``sinks.delta.DeltaRsStateStore``): the same parse and reconcile functions over the same key order, without a
+JVM, task launches or Arrow <-> JVM conversion, and each table's stored rows read once for the whole batch
+(``ReadAhead``) rather than once per chunk. The outputs are the same either way (tested).
 ``LAST_TIMINGS`` holds the last run's seconds per stage.
 
 Atomicity and reruns: see ``cdc_lib.sinks.delta`` (each commit carries the app transaction ``(app_id, batch_seq)``;
@@ -132,8 +130,6 @@ OUT_SCHEMA = pa.schema([
     pa.field("engine", pa.string()),
 ])
 GROUP_ORDER = ("keyspace", "table", "table_id", "token", "partition_key")      # cell log columns
-# the rows reconcile takes: the cell log's, and the marks of partitions to sweep (``SWEEP_KIND``, most columns null)
-CELL_ROWS_SCHEMA = pa.schema([pa.field(f.name, f.type, nullable=True) for f in CELL_LOG_SCHEMA])
 EVENT_ORDER = ("t_keyspace", "t_name", "table_id", "token", "partition_key", "idx")     # publish order
 EVENT_COLUMNS = ("event_id", "t_keyspace", "t_name", "op", "key_json", "event_json", "ts_us", "ts_ms")
 EVENT_SCHEMA = pa.schema([OUT_SCHEMA.field(c) for c in EVENT_COLUMNS])
@@ -358,8 +354,7 @@ def _reconcile(schema, root: str, storage_options: dict, app_id: str, versions: 
     partitions, whose tables are reconciled in turn: by the compiled engine (``sinks.delta.table_outputs``, Arrow in
     and out) when ``state.native.enabled()`` in the executor, else, and for a backfill table (``r`` events, a
     scan horizon: the compiled engine does neither), by ``state.batch.process_partition`` per partition. Both
-    give the same rows (``tests/test_merge_batch.py``). The in-process transform hands it the whole batch unsorted
-    instead (``whole=True``)."""
+    give the same rows (``tests/test_merge_batch.py``)."""
     import uuid
 
     from cdc_lib.scan.horizon import Horizon
@@ -438,44 +433,15 @@ def _reconcile(schema, root: str, storage_options: dict, app_id: str, versions: 
                 out.append(pa.RecordBatch.from_pylist(python_rows(store, table, tid, mine), schema=OUT_SCHEMA))
         return out
 
-    def compiled_tables(rows: pa.Table) -> Optional[list]:
-        """The table ids of ``rows`` in publish order when the compiled engine takes every one of them (else None)."""
-        if not (native_state.enabled() and create_op == OP_CREATE) or not rows.num_rows:
-            return None
-        if any(rows.column(c).null_count for c in GROUP_ORDER):
-            return None
-        names = rows.select(list(GROUP_ORDER[:3]))
-        tables = names.group_by(names.column_names, use_threads=False).aggregate([]).sort_by(
-            [(c, "ascending") for c in GROUP_ORDER[:3]])
-        tids = tables.column("table_id").to_pylist()
-        if len(set(tids)) != len(tids) or any(tid in read_times for tid in tids):
-            return None
-        return tids
-
     def reconcile(batches, whole: bool = False):
         """The batches are taken a window of partitions at a time, and each table's stored rows are read once per
-        window (``ReadAhead``), then reconciled a chunk at a time. A Spark task's input is a stream sorted by
-        ``GROUP_ORDER``: its windows are as large as ``_WindowSizes`` says. ``whole``: the batches are the whole
-        batch, in memory and in any order (the in-process transform, bounded by ``driver_batch_max_bytes``): where
-        the compiled engine takes every table, each table's records go to it in one call, in the order they were
-        read (the engine groups them by partition itself: ``state.native.partition_keys``); else the batch is
-        sorted, one window holds it all, and each table's stored rows are read once."""
+        window (``ReadAhead``), then reconciled a chunk at a time. A Spark task's input is a stream: its windows
+        are as large as ``_WindowSizes`` says. ``whole``: the batches are the whole batch, in memory (the
+        in-process transform, bounded by ``driver_batch_max_bytes``): one window holds them all, and each table's
+        stored rows are read once."""
         # a Spark task has one core (``_engine_threads``): its reads pick their rows on its own thread
         store = DeltaRsStateStore(root, storage_options, app_id=app_id, versions=versions,
                                   read_threads=_engine_threads() or 2)
-        if whole:
-            rows = pa.Table.from_batches(list(batches), schema=CELL_ROWS_SCHEMA)
-            tids = compiled_tables(rows)
-            if tids is not None:
-                # Sorting the batch into GROUP_ORDER first copied every column of it in a random order: 0.55-0.65 s
-                # of a 45,000-write batch of the demo schema (888,000 records, 227 MB) on this machine, more than
-                # the engine takes to reconcile it
-                rows, counts = _by_table(rows, tids)
-                for tid, part in zip(tids, _slices(rows, counts)):
-                    yield from compiled_rows(store, schema.get(uuid.UUID(tid)), tid, part).to_batches()
-                return
-            rows = _take(rows, _partition_order(rows))     # the sorted copy is all that is needed from here on
-            batches = iter(rows.to_batches())
         sizes = _WindowSizes()
         # where the window's partitions begin is found once, as it is cut from the stream, and serves its
         # read-ahead's keys and its chunks (finding them again took 10 of the 23 ms these steps take for a
@@ -852,7 +818,8 @@ def _run_in_spark(spark, paths: list, marks: list, *, parse, reconcile, write: d
 
         # 2. group by partition (+ partitions with expiries to sweep)
         if marks:
-            cells = cells.unionByName(spark.createDataFrame(pa.Table.from_pylist(marks, schema=CELL_ROWS_SCHEMA)))
+            cell_schema = pa.schema([pa.field(f.name, f.type, nullable=True) for f in CELL_LOG_SCHEMA])
+            cells = cells.unionByName(spark.createDataFrame(pa.Table.from_pylist(marks, schema=cell_schema)))
         # Range-partitioned in publish order (table order, then token): each task holds whole partitions of
         # one key range, each chunk's prior-state read covers one token range of a table, and the tasks' events,
         # concatenated in partition order, are already in publish order (no second sort of the events).
@@ -1023,32 +990,6 @@ def _partition_order(table: pa.Table, order=GROUP_ORDER):
     return np.lexsort([*then[::-1], key_rank, tokens, table_rank])
 
 
-def _by_table(rows: pa.Table, tids: list) -> tuple:
-    """``rows`` with the rows of each table of ``tids`` one after the other, in that order, each table's in the
-    order they came, and how many rows each table has. With several tables a copy, in nearly the batch's own order:
-    0.17-0.21 s for 888,000 records of 4 tables here, against 0.33-0.42 s for filtering out each table's in turn,
-    and 0.55-0.65 s for sorting them all into ``GROUP_ORDER``."""
-    if len(tids) == 1:
-        return rows, [rows.num_rows]
-    table_of = pc.index_in(rows.column("table_id"), value_set=pa.array(tids)).to_numpy()
-    return _take(rows, np.argsort(table_of, kind="stable")), np.bincount(table_of, minlength=len(tids)).tolist()
-
-
-def _slices(rows: pa.Table, sizes: list):
-    """``rows`` cut into consecutive slices of ``sizes`` rows."""
-    at = 0
-    for n in sizes:
-        yield rows.slice(at, n)
-        at += n
-
-
-def _handed_over(items: list):
-    """The items of ``items`` in order, each dropped from the list as it is taken: the caller keeps none of them."""
-    items.reverse()
-    while items:
-        yield items.pop()
-
-
 def _take(table: pa.Table, indices) -> pa.Table:
     """``table.take(indices)``, its columns on as many threads as there are cores: Arrow's take is one column at a
     time on the calling thread, and a batch's copy into partition order is most of the group step (0.24-0.42 s of
@@ -1094,17 +1035,17 @@ def _run_in_driver(paths: list, marks: list, *, parse, reconcile, timings: dict,
             if b.num_rows:
                 cells.append(pa.Table.from_batches([b]).select(cell_names))
     with _timed(timings, "group"):
-        parts = [t.cast(CELL_ROWS_SCHEMA) for t in cells]
+        cell_schema = pa.schema([pa.field(f.name, f.type, nullable=True) for f in CELL_LOG_SCHEMA])
+        parts = [t.cast(cell_schema) for t in cells]
         if marks:
-            parts.append(pa.Table.from_pylist(marks, schema=CELL_ROWS_SCHEMA))
-        table = pa.concat_tables(parts) if parts else CELL_ROWS_SCHEMA.empty_table()
-        del parts, cells[:]
+            parts.append(pa.Table.from_pylist(marks, schema=cell_schema))
+        table = pa.concat_tables(parts) if parts else cell_schema.empty_table()
+        del parts, cells[:]     # the sorted copy is all that is needed from here on
+        table = _take(table, _partition_order(table))
     with _timed(timings, "reconcile"):
-        # the whole batch is here, in the order it was read (reconcile groups it): each table's stored rows read
-        # once, not once per chunk
-        batches = table.to_batches()
-        del table               # reconcile holds the batch (and drops it for its sorted copy if it sorts it)
-        out = pa.Table.from_batches(list(reconcile(_handed_over(batches), whole=True)), schema=OUT_SCHEMA)
+        # the whole batch is here: each table's stored rows read once, not once per chunk
+        out = pa.Table.from_batches(list(reconcile(iter(table.to_batches()), whole=True)),
+                                    schema=OUT_SCHEMA)
     with _timed(timings, "sort_events"):
         kind = out.column("out_kind")
         is_event = pc.equal(kind, "event")
