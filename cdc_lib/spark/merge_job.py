@@ -130,6 +130,8 @@ OUT_SCHEMA = pa.schema([
     pa.field("engine", pa.string()),
 ])
 GROUP_ORDER = ("keyspace", "table", "table_id", "token", "partition_key")      # cell log columns
+# the rows reconcile takes: the cell log's, and the marks of partitions to sweep (``SWEEP_KIND``, most columns null)
+CELL_ROWS_SCHEMA = pa.schema([pa.field(f.name, f.type, nullable=True) for f in CELL_LOG_SCHEMA])
 EVENT_ORDER = ("t_keyspace", "t_name", "table_id", "token", "partition_key", "idx")     # publish order
 EVENT_COLUMNS = ("event_id", "t_keyspace", "t_name", "op", "key_json", "event_json", "ts_us", "ts_ms")
 EVENT_SCHEMA = pa.schema([OUT_SCHEMA.field(c) for c in EVENT_COLUMNS])
@@ -818,8 +820,7 @@ def _run_in_spark(spark, paths: list, marks: list, *, parse, reconcile, write: d
 
         # 2. group by partition (+ partitions with expiries to sweep)
         if marks:
-            cell_schema = pa.schema([pa.field(f.name, f.type, nullable=True) for f in CELL_LOG_SCHEMA])
-            cells = cells.unionByName(spark.createDataFrame(pa.Table.from_pylist(marks, schema=cell_schema)))
+            cells = cells.unionByName(spark.createDataFrame(pa.Table.from_pylist(marks, schema=CELL_ROWS_SCHEMA)))
         # Range-partitioned in publish order (table order, then token): each task holds whole partitions of
         # one key range, each chunk's prior-state read covers one token range of a table, and the tasks' events,
         # concatenated in partition order, are already in publish order (no second sort of the events).
@@ -1035,11 +1036,10 @@ def _run_in_driver(paths: list, marks: list, *, parse, reconcile, timings: dict,
             if b.num_rows:
                 cells.append(pa.Table.from_batches([b]).select(cell_names))
     with _timed(timings, "group"):
-        cell_schema = pa.schema([pa.field(f.name, f.type, nullable=True) for f in CELL_LOG_SCHEMA])
-        parts = [t.cast(cell_schema) for t in cells]
+        parts = [t.cast(CELL_ROWS_SCHEMA) for t in cells]
         if marks:
-            parts.append(pa.Table.from_pylist(marks, schema=cell_schema))
-        table = pa.concat_tables(parts) if parts else cell_schema.empty_table()
+            parts.append(pa.Table.from_pylist(marks, schema=CELL_ROWS_SCHEMA))
+        table = pa.concat_tables(parts) if parts else CELL_ROWS_SCHEMA.empty_table()
         del parts, cells[:]     # the sorted copy is all that is needed from here on
         table = _take(table, _partition_order(table))
     with _timed(timings, "reconcile"):
