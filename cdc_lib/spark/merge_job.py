@@ -100,6 +100,12 @@ def _timed(timings: dict, stage: str):
     finally:
         timings[stage] = timings.get(stage, 0.0) + time.perf_counter() - t0
 
+
+def _all_nullable(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with every field nullable (Spark's types, and rows with most columns null, need it)."""
+    return pa.schema([pa.field(f.name, f.type, nullable=True) for f in schema])
+
+
 PARSED_SCHEMA = pa.schema([pa.field(f.name, f.type) for f in CELL_LOG_SCHEMA] + [
     pa.field("_record", pa.string()),
     pa.field("_quarantine_key", pa.string()),
@@ -131,7 +137,7 @@ OUT_SCHEMA = pa.schema([
 ])
 GROUP_ORDER = ("keyspace", "table", "table_id", "token", "partition_key")      # cell log columns
 # the rows reconcile takes: the cell log's, and the marks of partitions to sweep (``SWEEP_KIND``, most columns null)
-CELL_ROWS_SCHEMA = pa.schema([pa.field(f.name, f.type, nullable=True) for f in CELL_LOG_SCHEMA])
+CELL_ROWS_SCHEMA = _all_nullable(CELL_LOG_SCHEMA)
 EVENT_ORDER = ("t_keyspace", "t_name", "table_id", "token", "partition_key", "idx")     # publish order
 EVENT_COLUMNS = ("event_id", "t_keyspace", "t_name", "op", "key_json", "event_json", "ts_us", "ts_ms")
 EVENT_SCHEMA = pa.schema([OUT_SCHEMA.field(c) for c in EVENT_COLUMNS])
@@ -159,7 +165,7 @@ class BatchResult:
 
 def _spark_schema(schema: pa.Schema):
     from pyspark.sql.pandas.types import from_arrow_schema
-    return from_arrow_schema(pa.schema([pa.field(f.name, f.type, nullable=True) for f in schema]))
+    return from_arrow_schema(_all_nullable(schema))
 
 
 # -------------------------------------------------------------------------------------------- executors
