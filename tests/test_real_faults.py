@@ -13,6 +13,8 @@ Each test starts its own node (``start_cluster``) and stops it by PID.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
 import uuid
@@ -89,6 +91,27 @@ def _keys_past(node, live: dict, schema) -> set:
     return keys
 
 
+def _freeze_with_writes_past_idx(node, schema, acked: dict, timeout: float = 60.0) -> tuple:
+    """SIGSTOP the node at a moment its live segment holds writes past its idx, and return ({segment: idx
+    offset}, their keys). Frozen, the node cannot run a periodic sync between this check and the SIGKILL that
+    follows (a sync in that gap would cover every entry and leave nothing torn). Fails, naming what it saw,
+    when no such moment comes within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    seen = None
+    while True:
+        os.kill(node.pid, signal.SIGSTOP)
+        live = _torn_segments(node)
+        past = _keys_past(node, live, schema)
+        if past:
+            return live, past
+        os.kill(node.pid, signal.SIGCONT)
+        seen = live
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no write lay past the live segment's idx within {timeout:.0f} s "
+                                 f"({len(acked)} writes acknowledged; live segments and idx offsets: {seen})")
+        time.sleep(0.2)
+
+
 def _live_keys(cfg: P.PipelineConfig) -> dict:
     state = read_state(P.delta_root(cfg, P.open_store(cfg)), KS, "t").to_pylist()
     return {r["k"]: r["v"] for r in state if r["_cdc_live"]}
@@ -120,17 +143,12 @@ def test_a_node_killed_mid_write_loses_no_write_cassandra_logged(tmp_path, kafka
         time.sleep(12.0)                        # past one 10 s periodic sync: the live segment has an idx
         agent.run_once()                        # the live prefix, as a running agent would have shipped it
         time.sleep(3.0)
-        # the kill must tear the live segment: entries past what its idx says (a periodic sync covers all there were)
-        deadline = time.monotonic() + 30
-        while not _keys_past(node, _torn_segments(node), schema) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        cluster.kill_node(1)                    # SIGKILL: no shutdown hook, no final sync of the idx
+        live, past_idx = _freeze_with_writes_past_idx(node, schema, acked)
+        cluster.kill_node(1)                    # SIGKILL (to the frozen node): no shutdown hook, no sync of the idx
         stop.set()
         writer.join(30)
         cluster.close_driver()
-        live = _torn_segments(node)
-        assert live, "no torn live segment: the kill came between segments"
-        past_idx = _keys_past(node, live, schema)   # entries of the torn segment its idx did not cover yet
+        assert _torn_segments(node) == live     # the kill changed no idx: what was past it before still is
         agent.run_once()                        # before the restart: nothing past the idx is shipped
         cluster.start_node(1)                   # replay; the idx becomes <file length>\nCOMPLETED
         assert all(b"COMPLETED" in _idx(p).read_bytes() for p in live)   # rewritten by the replay
