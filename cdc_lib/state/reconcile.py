@@ -554,6 +554,17 @@ def _normalize_row_deletion(row: RowState, part_shadow: int) -> None:
         row.deletion = None
 
 
+def _purge_rows(part: PartitionState, keys: list, shadow: int) -> None:
+    """Purge the rows ``keys`` of ``part`` under a partition or range deletion at ``shadow``; drop those left
+    empty."""
+    for ck in keys:
+        row = part.rows[ck]
+        _purge_row(row, shadow)
+        _normalize_row_deletion(row, shadow)
+        if row.is_empty():
+            del part.rows[ck]
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Applying cell-log records
 
@@ -650,12 +661,7 @@ def _apply_record(info: _TableInfo, table, part: PartitionState, rec) -> object:
         for rk in [rk for rk, rd in part.range_tombstones.items() if rd[0] <= ts]:
             del part.range_tombstones[rk]
         _purge_row(part.static, ts)
-        for ck in list(part.rows):
-            row = part.rows[ck]
-            _purge_row(row, ts)
-            _normalize_row_deletion(row, ts)
-            if row.is_empty():
-                del part.rows[ck]
+        _purge_rows(part, list(part.rows), ts)
         return ALL_ROWS
     if part.deletion is not None and ts <= part.deletion[0]:
         return None       # shadowed by the partition deletion (or a tombstone subsumed by it)
@@ -667,13 +673,7 @@ def _apply_record(info: _TableInfo, table, part: PartitionState, rec) -> object:
         if cur is not None and cur >= d:
             return None
         part.range_tombstones[rk] = d
-        for ck in list(part.rows):
-            if range_covers(table, rk, decode_clustering(ck)):
-                row = part.rows[ck]
-                _purge_row(row, ts)
-                _normalize_row_deletion(row, ts)
-                if row.is_empty():
-                    del part.rows[ck]
+        _purge_rows(part, [ck for ck in part.rows if range_covers(table, rk, decode_clustering(ck))], ts)
         return ALL_ROWS
     is_static = bool(rec["is_static"])
     if is_static:
