@@ -100,8 +100,12 @@ def _freeze_with_writes_past_idx(node, schema, acked: dict, timeout: float = 60.
     seen = None
     while True:
         os.kill(node.pid, signal.SIGSTOP)
-        live = _torn_segments(node)
-        past = _keys_past(node, live, schema)
+        try:
+            live = _torn_segments(node)
+            past = _keys_past(node, live, schema)
+        except BaseException:
+            os.kill(node.pid, signal.SIGCONT)   # a frozen node would ignore the SIGTERM of the cluster's stop
+            raise
         if past:
             return live, past
         os.kill(node.pid, signal.SIGCONT)
