@@ -97,7 +97,6 @@ def _freeze_with_writes_past_idx(node, schema, acked: dict, timeout: float = 60.
     follows (a sync in that gap would cover every entry and leave nothing torn). Fails, naming what it saw,
     when no such moment comes within ``timeout``."""
     deadline = time.monotonic() + timeout
-    seen = None
     while True:
         os.kill(node.pid, signal.SIGSTOP)
         try:
@@ -109,10 +108,9 @@ def _freeze_with_writes_past_idx(node, schema, acked: dict, timeout: float = 60.
         if past:
             return live, past
         os.kill(node.pid, signal.SIGCONT)
-        seen = live
         if time.monotonic() > deadline:
             raise AssertionError(f"no write lay past the live segment's idx within {timeout:.0f} s "
-                                 f"({len(acked)} writes acknowledged; live segments and idx offsets: {seen})")
+                                 f"({len(acked)} writes acknowledged; live segments and idx offsets: {live})")
         time.sleep(0.2)
 
 

@@ -106,7 +106,7 @@ def _all_nullable(schema: pa.Schema) -> pa.Schema:
     return pa.schema([pa.field(f.name, f.type, nullable=True) for f in schema])
 
 
-PARSED_SCHEMA = pa.schema([pa.field(f.name, f.type) for f in CELL_LOG_SCHEMA] + [
+PARSED_SCHEMA = pa.schema(list(_all_nullable(CELL_LOG_SCHEMA)) + [
     pa.field("_record", pa.string()),
     pa.field("_quarantine_key", pa.string()),
     pa.field("_damage_reason", pa.string()),
