@@ -67,6 +67,14 @@ def test_the_state_equals_select_star_value_for_value(sc):
     assert out.native_cells > 1000
 
 
+def test_the_pipelines_process_keeps_no_scan_session_open_after_its_batches(sc):
+    """Small batches run in the pipeline's own process (an Airflow worker's): once a batch has read its token
+    ranges, that process keeps no connection to the cluster, and so no reconnection attempts when a node restarts
+    (``scan.reader.close_sessions`` says how many were still open)."""
+    from cdc_lib.scan.reader import close_sessions
+    assert close_sessions() == 0
+
+
 def test_loaded_cells_carry_their_real_write_times_and_ttls(sc):
     """WRITETIME() exact and TTL() within 2 s for every simple cell of the table only loaded (the rows of the
     other one were rewritten since)."""

@@ -622,7 +622,13 @@ class LocalCassandra:
         return r.stdout
 
     def nodetool_all(self, *args: str) -> None:
-        """The same nodetool command on every running node, in parallel (``drain`` takes seconds per node)."""
+        """The same nodetool command on every running node, in parallel (``drain`` takes seconds per node).
+
+        Before ``drain`` the driver (``driver_cluster``) is closed: no drained node takes clients, and an open driver
+        would try to reconnect to them, ever more rarely, until the process exits. A later ``session()`` opens a new
+        one (on nodes restarted by then)."""
+        if args[:1] == ("drain",):
+            self.close_driver()
         errors = []
 
         def one(i):

@@ -94,6 +94,19 @@ def scan_session(settings: ScanSettings):
     return session
 
 
+def close_sessions() -> int:
+    """Shut down this process's scan sessions; returns how many there were. A batch run in the pipeline's own
+    process calls it once its sources are read: an open session would otherwise keep its connections, its
+    reconnection attempts and the cluster's event pushes alive in that process until it exits. (A Spark worker
+    keeps its session for the ranges of later tasks.)"""
+    with _sessions_lock:
+        sessions = list(_sessions.values())
+        _sessions.clear()
+    for session in sessions:
+        session.cluster.shutdown()
+    return len(sessions)
+
+
 def scan_range(session, scan: TableScan, rng: TokenRange, settings: ScanSettings, source: str,
                stats: Optional[dict] = None) -> Iterator[pa.RecordBatch]:
     """Cell-log batches of the rows of ``scan.table`` whose token is in ``rng``; ``stats["rows"]`` counts rows,

@@ -1010,6 +1010,16 @@ def _take(table: pa.Table, indices) -> pa.Table:
         return pa.table(list(pool.map(lambda column: column.take(indices), table.columns)), schema=table.schema)
 
 
+@contextmanager
+def _scan_sessions_closed():
+    """Close the scan sessions the block opened in this process (``scan.reader.close_sessions``), also on failure."""
+    try:
+        yield
+    finally:
+        from cdc_lib.scan.reader import close_sessions
+        close_sessions()
+
+
 def _run_in_driver(paths: list, marks: list, *, parse, reconcile, timings: dict, parallelism: int = 1):
     """Steps 1-3 in this process with the same executor functions, for a small batch; ``parallelism`` sources
     are read at once (threads: token ranges wait on Cassandra, segment downloads on the store).
@@ -1021,7 +1031,7 @@ def _run_in_driver(paths: list, marks: list, *, parse, reconcile, timings: dict,
     import pyarrow.compute as pc
     cell_names = [f.name for f in CELL_LOG_SCHEMA]
     damaged, loaded, cells = [], [], []
-    with _timed(timings, "parse"):
+    with _timed(timings, "parse"), _scan_sessions_closed():
         if parallelism > 1 and len(paths) > 1:
             from concurrent.futures import ThreadPoolExecutor
             with ThreadPoolExecutor(min(parallelism, len(paths)), thread_name_prefix="cdc-source") as pool:
