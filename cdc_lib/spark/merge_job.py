@@ -1012,7 +1012,8 @@ def _take(table: pa.Table, indices) -> pa.Table:
 
 @contextmanager
 def _scan_sessions_closed():
-    """Close the scan sessions the block opened in this process (``scan.reader.close_sessions``), also on failure."""
+    """When the block ends, also on failure, close this process's scan sessions (``scan.reader.close_sessions``):
+    in a process that runs batches itself, the block's scans are their only users."""
     try:
         yield
     finally:
