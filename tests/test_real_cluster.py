@@ -702,8 +702,9 @@ def test_compressed_encrypted_and_descriptor_8_segments_give_select_star(variant
     and so does the Delta state after the agent shipped them and the pipeline ran (the keystore and its password
     file as settings, for TDE).
 
-    The Zstd node also loses its JMX port to another process between the choice of its ports and its start (a
-    socket bound there, as another job's server would): the start begins again on other ports, once."""
+    Each node also loses a port to another process between the choice of its ports and its start (a socket bound
+    there, as another job's server would): the Zstd node its JMX port, the TDE node its storage port (Cassandra 5.0
+    says "is in use by another process"). The start begins again on other ports, once."""
     from cassandra.query import SimpleStatement
     from reference_model import json_table, visible_table
 
@@ -711,15 +712,16 @@ def test_compressed_encrypted_and_descriptor_8_segments_give_select_star(variant
     make, descriptor, compressor, encrypted = SEGMENT_VARIANTS[variant]
     yaml, keys, key_settings = make(tmp_path)
     cluster = LocalCassandra(tmp_path / "c", 1, yaml=yaml, cluster_name="variant")
-    lost_port = cluster.node(1).jmx_port
+
+    def port():
+        return cluster.storage_port if encrypted else cluster.node(1).jmx_port
+    lost_port = port()
     with contextlib.ExitStack() as stack:
-        if not encrypted:
-            thief = stack.enter_context(socket.socket())
-            thief.bind(("127.0.0.1", lost_port))          # bound, not listening: only the node's own bind fails
+        thief = stack.enter_context(socket.socket())
+        thief.bind(("127.0.0.1", lost_port))          # bound, not listening: only the node's own bind fails
         cluster.start()
         stack.callback(cluster.stop)
-        if not encrypted:
-            assert cluster.port_retries == 1 and cluster.node(1).jmx_port != lost_port
+        assert cluster.port_retries == 1 and port() != lost_port
         session = cluster.session()
         session.execute("CREATE KEYSPACE IF NOT EXISTS v WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 1}")
         session.execute("CREATE TABLE IF NOT EXISTS v.t (k int, c text, v text, n bigint, d decimal, m map<text, int>, "

@@ -145,8 +145,9 @@ class PortTakenError(CassandraStartError):
     machine start servers too): a first start tries again on other ports."""
 
 
-# What a node's log says when one of its ports was taken first.
-_PORT_TAKEN = ("Address already in use", "Port already in use")
+# What a node's log says when one of its ports was taken first (JMX; Cassandra 5.0's storage port: "/127.0.0.1:7000
+# is in use by another process", seen in CI when another job's node had just taken it).
+_PORT_TAKEN = ("Address already in use", "Port already in use", "is in use by another process")
 
 
 def even_tokens(n: int) -> list:
