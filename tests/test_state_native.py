@@ -257,6 +257,46 @@ def test_the_comparison_sees_events_and_rows_from_the_compiled_engine():
     assert not any(tb.python for tb in calls)
 
 
+def test_floats_and_doubles_are_written_as_python_writes_them():
+    """Float and double columns in the events' JSON, byte for byte as the Python engine writes them: amounts and
+    readings (which the compiled engine writes without formatting a float), every magnitude of float, and doubles
+    that lie halfway between two shortest decimals, of which Python writes the one with the even last digit."""
+    import struct
+
+    from cdc_lib.cql.schema_from_ddl import load_cql_schema
+    table = load_cql_schema("CREATE TABLE ks.readings (k int PRIMARY KEY, f float, d double) "
+                            "WITH ID = 0c6f3f52-8d0e-4b7e-9a51-3f3c2f6d7e11;").by_name("ks", "readings")
+    rng = random.Random(5)
+    floats = [struct.pack(">f", x) for x in [k / 100 for k in range(0, 100_000, 7)]
+              + [k * 0.0137 - 50 for k in range(0, 10_000, 3)] + [1e-8, 1e-7, 9.999999e21, 1e22, 3.4028235e38]]
+    floats += [b for b in (rng.getrandbits(32).to_bytes(4, "big") for _ in range(5000)) if b[0] & 0x7f != 0x7f]
+    doubles = [struct.pack(">d", x) for x in [1059438285926254.25, -108868734838530.125, 0.1 + 0.2, 1e16, 5e-324]
+               + [rng.randrange(10 ** 13, 10 ** 16) + rng.choice([0.125, 0.25, 0.75]) for _ in range(3000)]]
+    doubles += [b for b in (rng.getrandbits(64).to_bytes(8, "big") for _ in range(5000)) if b[0] & 0x7f != 0x7f]
+
+    def cell(k: int, column: str, value: bytes) -> dict:
+        pk, position = k.to_bytes(4, "big"), 100 + k
+        return {"segment": "CommitLog-7-1.log", "segment_id": 1, "position": position, "entry_index": k,
+                "seq": 0 if column == "f" else 1, "table_id": str(table.id), "keyspace": "ks", "table": "readings",
+                "partition_key": pk, "token": murmur3_token(pk), "clustering": b"", "is_static": False,
+                "kind": "cell", "column": column, "value": value, "timestamp": 10, "ttl": 0,
+                "local_deletion_time": (1 << 31) - 1, "mutation_id": position.to_bytes(16, "big")}
+    log = pa.Table.from_pylist([cell(k, "f", v) for k, v in enumerate(floats)]
+                               + [cell(k, "d", v) for k, v in enumerate(doubles)], schema=CELL_LOG_SCHEMA)
+    with compiled_calls() as calls:
+        events, _, _ = table_outputs(table, log, _stored_rows(table, {}, ()), 100)
+    assert calls and not any(tb.python for tb in calls)
+    want = [{f: row[f] for f in EVENT_FIELDS} for row in
+            (outbox_row(table, e, "", 0, 0) for r in process_table(table, log.to_pylist(), {}, 100) for e in r.events)]
+    assert len(want) == max(len(floats), len(doubles))
+    got = events.select(list(EVENT_FIELDS)).to_pylist()
+    assert len(got) == len(want)
+    wrong = [(g["event_json"], w["event_json"]) for g, w in zip(got, want) if g != w]
+    assert not wrong, f"{len(wrong)} events differ, the first: {wrong[0]}"
+    text = " ".join(e["event_json"] for e in got)
+    assert '"d":1059438285926254.2' in text and '"d":-108868734838530.12' in text
+
+
 def test_a_doubted_partition_is_done_by_the_python_engine_in_its_place():
     """A value the compiled engine does not render as Python does (a map whose keys decode equal, 0.0 and -0.0,
     which a Python dict merges into one) makes it hand that partition back; the outputs are still the Python
