@@ -181,7 +181,7 @@ fn py_float_layout(out: &mut String, neg: bool, digits: &[u8], decpt: i32) {
 ///
 /// Most values take `float32_json_fast`, which does Python's arithmetic in integers and exact double operations;
 /// the values it cannot settle exactly take `float32_json_exact`, which formats and parses each candidate as
-/// Python does (a thirtieth of the speed: 1.3-3 µs a value, most of an event's time for a table of floats).
+/// Python does (1.3-3 µs a value against 0.14-0.21 µs: as much as the rest of a small table's event).
 pub fn float32_json(out: &mut String, v: f32) {
     if !float32_json_fast(out, v) {
         float32_json_exact(out, v);
