@@ -86,10 +86,7 @@ pub fn py_float_repr(out: &mut String, v: f64) {
         // the last digit, must fit within the double's spacing); Python then takes the even one, Rust not always
         let d = digits[..n].iter().fold(0u64, |d, &c| d * 10 + (c - b'0') as u64);
         if let Some(even) = tie_even(v.abs(), d, exp + 1 - n as i32) {
-            let text = even.to_string();
-            let decpt = exp + 1 + text.len() as i32 - n as i32;
-            let kept = text.trim_end_matches('0');
-            py_float_layout(out, neg, kept.as_bytes(), decpt);
+            py_decimal_layout(out, neg, even, exp + 1 - n as i32);
             return;
         }
     }
@@ -132,6 +129,24 @@ fn tie_even(a: f64, d: u64, k: i32) -> Option<u64> {
     } else {
         None
     }
+}
+
+/// `py_float_layout` of the decimal `d x 10^k` (d > 0), from the digits of `d` without its trailing zeros.
+fn py_decimal_layout(out: &mut String, neg: bool, d: u64, k: i32) {
+    let mut digits = [0u8; 20];
+    let mut n = 0;
+    let mut t = d;
+    while t > 0 {
+        digits[n] = b'0' + (t % 10) as u8;
+        t /= 10;
+        n += 1;
+    }
+    digits[..n].reverse();
+    let decpt = n as i32 + k;
+    while n > 1 && digits[n - 1] == b'0' {
+        n -= 1;
+    }
+    py_float_layout(out, neg, &digits[..n], decpt);
 }
 
 /// Python's layout of a float whose value is `0.DIGITS x 10^decpt` (`digits` its shortest significant digits,
@@ -190,21 +205,24 @@ pub fn float32_json(out: &mut String, v: f32) {
 
 /// `float32_json` by formatting and parsing each candidate `%.{p}g` decimal, as Python does.
 fn float32_json_exact(out: &mut String, v: f32) {
-    let target = v.to_bits();
-    let wide = v as f64;
-    for p in 1..10usize {
-        let text = format!("{:.*e}", p - 1, wide); // correctly rounded, as Python's format(v, ".{p}g")
-        let s: f64 = text.parse().expect("formatted float parses");
-        let back = s as f32;
-        if back.is_infinite() && !s.is_infinite() {
-            continue; // struct.pack('>f') overflows: not this float
-        }
-        if back.to_bits() == target {
+    for p in 1..10 {
+        if let Some(s) = python_candidate(v, p) {
             py_float_repr(out, s);
             return;
         }
     }
-    py_float_repr(out, wide);
+    py_float_repr(out, v as f64);
+}
+
+/// Python's candidate for `p` digits, `float(format(v, ".{p}g"))`, if it reads back to `v` as a float32.
+fn python_candidate(v: f32, p: usize) -> Option<f64> {
+    let text = format!("{:.*e}", p - 1, v as f64); // correctly rounded, as Python's format(v, ".{p}g")
+    let s: f64 = text.parse().expect("formatted float parses");
+    let back = s as f32;
+    if back.is_infinite() && !s.is_infinite() {
+        return None; // struct.pack('>f') overflows: not this float
+    }
+    (back.to_bits() == v.to_bits()).then_some(s)
 }
 
 /// 10^0 ..= 10^22: the powers of ten a double holds exactly.
@@ -255,8 +273,7 @@ fn float32_json_fast(out: &mut String, v: f32) -> bool {
         // rounds is not known here (nor which way an exact half goes, Python rounding it to even), so this
         // candidate is made as Python makes it
         if (frac - 0.5).abs() < 1e-6 {
-            let y: f64 = format!("{:.*e}", (p - 1) as usize, v as f64).parse().expect("formatted float parses");
-            if (y as f32).to_bits() == target {
+            if let Some(y) = python_candidate(v, p as usize) {
                 py_float_repr(out, y);
                 return true;
             }
@@ -274,20 +291,7 @@ fn float32_json_fast(out: &mut String, v: f32) -> bool {
         let y = if s >= 0 { d as f64 * EXACT_POW10[s as usize] } else { d as f64 / EXACT_POW10[-s as usize] };
         let y = if v.is_sign_negative() { -y } else { y };
         if (y as f32).to_bits() == target {
-            let mut digits = [0u8; 20];
-            let mut n = 0;
-            let mut t = d;
-            while t > 0 {
-                digits[n] = b'0' + (t % 10) as u8;
-                t /= 10;
-                n += 1;
-            }
-            digits[..n].reverse();
-            let decpt = n as i32 + s;
-            while n > 1 && digits[n - 1] == b'0' {
-                n -= 1;
-            }
-            py_float_layout(out, v.is_sign_negative(), &digits[..n], decpt);
+            py_decimal_layout(out, v.is_sign_negative(), d, s);
             return true;
         }
     }
