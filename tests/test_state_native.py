@@ -257,6 +257,17 @@ def test_the_comparison_sees_events_and_rows_from_the_compiled_engine():
     assert not any(tb.python for tb in calls)
 
 
+def _cell(table, k: int, column: str, value: bytes, seq: int = 0) -> dict:
+    """A cell-log record: the value of ``column`` in partition ``k`` (an int key), written at time 10 by the k-th
+    mutation of one segment."""
+    pk, position = k.to_bytes(4, "big"), 100 + k
+    return {"segment": "CommitLog-7-1.log", "segment_id": 1, "position": position, "entry_index": k, "seq": seq,
+            "table_id": str(table.id), "keyspace": table.keyspace, "table": table.name, "partition_key": pk,
+            "token": murmur3_token(pk), "clustering": b"", "is_static": False, "kind": "cell", "column": column,
+            "value": value, "timestamp": 10, "ttl": 0, "local_deletion_time": (1 << 31) - 1,
+            "mutation_id": position.to_bytes(16, "big")}
+
+
 def test_floats_and_doubles_are_written_as_python_writes_them():
     """Float and double columns in the events' JSON, byte for byte as the Python engine writes them: amounts and
     readings (which the compiled engine writes without formatting a float), every magnitude of float, and doubles
@@ -274,15 +285,8 @@ def test_floats_and_doubles_are_written_as_python_writes_them():
                + [rng.randrange(10 ** 13, 10 ** 16) + rng.choice([0.125, 0.25, 0.75]) for _ in range(3000)]]
     doubles += [b for b in (rng.getrandbits(64).to_bytes(8, "big") for _ in range(5000)) if b[0] & 0x7f != 0x7f]
 
-    def cell(k: int, column: str, value: bytes) -> dict:
-        pk, position = k.to_bytes(4, "big"), 100 + k
-        return {"segment": "CommitLog-7-1.log", "segment_id": 1, "position": position, "entry_index": k,
-                "seq": 0 if column == "f" else 1, "table_id": str(table.id), "keyspace": "ks", "table": "readings",
-                "partition_key": pk, "token": murmur3_token(pk), "clustering": b"", "is_static": False,
-                "kind": "cell", "column": column, "value": value, "timestamp": 10, "ttl": 0,
-                "local_deletion_time": (1 << 31) - 1, "mutation_id": position.to_bytes(16, "big")}
-    log = pa.Table.from_pylist([cell(k, "f", v) for k, v in enumerate(floats)]
-                               + [cell(k, "d", v) for k, v in enumerate(doubles)], schema=CELL_LOG_SCHEMA)
+    log = pa.Table.from_pylist([_cell(table, k, "f", v) for k, v in enumerate(floats)]
+                               + [_cell(table, k, "d", v, 1) for k, v in enumerate(doubles)], schema=CELL_LOG_SCHEMA)
     with compiled_calls() as calls:
         events, _, _ = table_outputs(table, log, _stored_rows(table, {}, ()), 100)
     assert calls and not any(tb.python for tb in calls)
@@ -308,20 +312,13 @@ def test_a_doubted_partition_is_done_by_the_python_engine_in_its_place():
     aliasing = ((2).to_bytes(4, "big") + one(b"\0" * 8) + one((1).to_bytes(4, "big"))
                 + one(b"\x80" + b"\0" * 7) + one((2).to_bytes(4, "big")))
 
-    def cell(k: int, column: str, value: bytes, seq: int = 0) -> dict:
-        pk, position = k.to_bytes(4, "big"), 100 + k
-        return {"segment": "CommitLog-7-1.log", "segment_id": 1, "position": position, "entry_index": k,
-                "seq": seq, "table_id": str(table.id), "keyspace": "ks", "table": "doubt", "partition_key": pk,
-                "token": murmur3_token(pk), "clustering": b"", "is_static": False, "kind": "cell", "column": column,
-                "value": value, "timestamp": 10, "ttl": 0, "local_deletion_time": (1 << 31) - 1,
-                "mutation_id": position.to_bytes(16, "big")}
     # one mutation a partition: partition `bad`'s sets n and the map. Each partition in turn, so that the doubted
     # one comes at every place in publish order: the compiled engine hashes event ids in pairs, and the doubted
     # partition's event is now the first of a pair, now the second
     places = set()
     for bad in range(8):
-        log = pa.Table.from_pylist([cell(k, "n", k.to_bytes(4, "big")) for k in range(8)]
-                                   + [cell(bad, "m", aliasing, 1)], schema=CELL_LOG_SCHEMA)
+        log = pa.Table.from_pylist([_cell(table, k, "n", k.to_bytes(4, "big")) for k in range(8)]
+                                   + [_cell(table, bad, "m", aliasing, 1)], schema=CELL_LOG_SCHEMA)
         records = log.to_pylist()
         tb = native.process_table(table, log, pa.Table.from_pylist([], schema=STATE_SCHEMA), 100,
                                   state_schema=merge_source_schema(table))
