@@ -476,8 +476,8 @@ def main(argv=None) -> int:
             rec = timings["reconcile + events + rows"]
             extra = f"; {rec / fresh_s:.1f}x the output floor's time" if floor else ""
             first = ", the first merge" if len(merge_times[engine]) > 1 else ""
-            print(f"ratio ({engine}){first}: reconcile + events + rows at {plain_s / rec:.3f}x the plain upsert's rate; "
-                  f"the whole cdc merge at {plain_s / cdc:.3f}x{extra}")
+            print(f"ratio ({engine}){first}: reconcile + events + rows at {plain_s / rec:.3f}x the plain upsert's "
+                  f"rate; the whole cdc merge at {plain_s / cdc:.3f}x{extra}")
             if len(merge_times[engine]) > 1:
                 med = float(np.median(merge_times[engine]))
                 print(f"ratio ({engine}), median of {len(merge_times[engine])} merges in this process (as the "
