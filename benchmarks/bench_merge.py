@@ -28,7 +28,10 @@ metadata, exactly as ``cdc_lib.sinks.delta`` writes it) is generated vectorised 
   outputs, which on this VM costs more than all else (see fresh memory below). The later ones reuse memory the
   earlier ones freed, as a long-lived worker does batch after batch (``follow``, a reused Spark Python worker).
   The phases printed are the first merge's; the ratio is given for the first and for the median of all, the
-  median being measured as the upsert's is.
+  median being measured as the upsert's is. For each merge it also prints the CPU seconds (user + system, all
+  threads) and page faults of the process while the compiled engine ran, and for each upsert its CPU seconds: on
+  this VM the same merge's wall time moves from run to run with the machine's state as well as with the code
+  (fresh memory below), and the faults and CPU seconds show how much of it was the kernel's.
 * **plain replace**: the same rows as delete + append in one commit (``write_deltalake(mode="overwrite",
   predicate="id IN (...)")``), the alternative to MERGE for replacing partitions, on at most
   ``--replace-max`` keys (the keys go into an SQL IN list; delta-rs 1.6.6 segfaults parsing 200,000 of them).
@@ -55,6 +58,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -227,7 +231,8 @@ def build_plain(root: str, rows: int, chunk: int) -> str:
 
 def cdc_merge(root: str, schema, cells: pa.Table, engine: str) -> tuple:
     """The whole batch as the pipeline runs it (``sinks.delta.run_store_batch``) with ``engine`` (python: the
-    reference engine, native: the compiled one): (seconds, events, phase timings, finer Python timings)."""
+    reference engine, native: the compiled one): (seconds, events, phase timings, finer Python timings, bytes of the
+    compiled engine's outputs, the process's CPU seconds and page faults while the compiled engine ran)."""
     os.environ["CASSANDRA_CDC_NATIVE"] = {"python": "0", "native": "1"}[engine]
     store = delta_store.DeltaRsStateStore(root)
     timings: dict = {}
@@ -275,9 +280,16 @@ def cdc_merge(root: str, schema, cells: pa.Table, engine: str) -> tuple:
         setattr(delta_store, n, accumulate(label, originals[n]))
     timed_outputs = delta_store.table_outputs
     output_bytes = [0]      # of what the engine hands back: events and state rows
+    # the process's CPU seconds (user + system) and page faults while the engine runs: less noisy from one run
+    # to the next than its wall time, and what tells the engine's own work from the machine's state
+    engine_use = {"cpu": 0.0, "faults": 0}
 
     def sized_outputs(*x, **k):
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
         out = timed_outputs(*x, **k)
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        engine_use["cpu"] += r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
+        engine_use["faults"] += r1.ru_minflt - r0.ru_minflt + r1.ru_majflt - r0.ru_majflt
         output_bytes[0] += out[0].nbytes + out[1].nbytes
         return out
     delta_store.table_outputs = sized_outputs
@@ -289,7 +301,7 @@ def cdc_merge(root: str, schema, cells: pa.Table, engine: str) -> tuple:
         setattr(delta_store, n, f)
     timings["reconcile + events + rows"] = cdc - sum(timings.values())
 
-    return cdc, res["events"], timings, fine, output_bytes[0]
+    return cdc, res["events"], timings, fine, output_bytes[0], engine_use
 
 
 ORDERS = ("pipeline", "commitlog")
@@ -414,7 +426,8 @@ def main(argv=None) -> int:
 
         # --- cdc merge: the whole batch, by each engine on its own copy of the state
         cells = change_records(table, ids, TS0 + 1_000_000, "w", nvals)
-        results, merge_times = {}, {}     # the first merge's figures; every merge's reconcile + events + rows
+        # the first merge's figures; every merge's reconcile + events + rows, and its compiled engine's CPU and faults
+        results, merge_times, engine_uses = {}, {}, {}
         for engine in a.engines.split(","):
             for order in a.orders.split(","):
                 name, batch = f"{engine}, {order} order", in_order(cells, order)
@@ -425,16 +438,19 @@ def main(argv=None) -> int:
                     shutil.rmtree(root, ignore_errors=True)
                     results.setdefault(name, r)
                     merge_times.setdefault(name, []).append(r[2]["reconcile + events + rows"])
+                    engine_uses.setdefault(name, []).append(r[5])
 
         # --- plain upsert of the same number of rows
         src = upsert_rows(ids, nvals)
-        upserts = []
+        upserts, upsert_cpu = [], []
         for i in range(max(a.upserts, 1)):
             target = os.path.join(work, f"plain-upsert-{i}")
             shutil.copytree(plain, target)
-            t0 = time.perf_counter()
+            r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
             plain_upsert(target, src)
             upserts.append(time.perf_counter() - t0)
+            r1 = resource.getrusage(resource.RUSAGE_SELF)
+            upsert_cpu.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
             shutil.rmtree(target, ignore_errors=True)
         plain_s = float(np.median(upserts))
 
@@ -443,7 +459,7 @@ def main(argv=None) -> int:
             import cdc_native
             print("compiled engine: " + ("profile-guided build (native/build.py)" if getattr(
                 cdc_native, "PROFILE_GUIDED", False) else "plain build (not profile-guided: native/build.py)"))
-        for engine, (cdc, events, timings, fine, _) in results.items():
+        for engine, (cdc, events, timings, fine, *_) in results.items():
             print(f"cdc merge ({engine}) {cdc:8.1f} s  {a.changes / cdc:12,.0f} changes/s  ({events:,} events)")
             for k, v in timings.items():
                 print(f"  {k:26s} {v:8.1f} s")
@@ -456,10 +472,16 @@ def main(argv=None) -> int:
             if len(merge_times[engine]) > 1:
                 each = " / ".join(f"{x:.2f}" for x in merge_times[engine])
                 print(f"  reconcile + events + rows, merge by merge in this process: {each} s")
+            uses = [u for u in engine_uses[engine] if u["cpu"] > 0]
+            if uses:
+                cpu = " / ".join(f"{u['cpu']:.2f}" for u in uses)
+                faults = " / ".join(f"{u['faults']:,}" for u in uses)
+                print(f"  compiled engine, merge by merge: {cpu} s of CPU (the process's, user + system), "
+                      f"{faults} page faults")
         each = " / ".join(f"{x:.3f}" for x in upserts)
         print(f"plain upsert  {plain_s:8.1f} s  {a.changes / plain_s:12,.0f} rows/s  (deltalake MERGE on id; "
-              f"median of {len(upserts)}: {each} s)")
-        for engine, (*_, output_bytes) in results.items():
+              f"median of {len(upserts)}: {each} s; CPU {' / '.join(f'{c:.2f}' for c in upsert_cpu)} s)")
+        for engine, (*_, output_bytes, _) in results.items():
             if output_bytes:
                 fresh = fresh_memory_seconds(output_bytes)
                 print(f"fresh memory ({engine}): {fresh:.2f} s to first write as many bytes as its outputs "
@@ -472,7 +494,7 @@ def main(argv=None) -> int:
                   f"on {floor['threads']} threads ({floor['bytes'] / 1e6:,.0f} MB: ids, event JSON, key JSON, "
                   f"state rows; no grouping, decoding or merging): any engine's reconcile + events + rows "
                   f"at most {plain_s / fresh_s:.3f}x ({plain_s / warm_s:.3f}x warm)")
-        for engine, (cdc, events, timings, fine, _) in results.items():
+        for engine, (cdc, events, timings, fine, *_) in results.items():
             rec = timings["reconcile + events + rows"]
             extra = f"; {rec / fresh_s:.1f}x the output floor's time" if floor else ""
             first = ", the first merge" if len(merge_times[engine]) > 1 else ""
