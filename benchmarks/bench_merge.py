@@ -232,7 +232,8 @@ def build_plain(root: str, rows: int, chunk: int) -> str:
 def cdc_merge(root: str, schema, cells: pa.Table, engine: str) -> tuple:
     """The whole batch as the pipeline runs it (``sinks.delta.run_store_batch``) with ``engine`` (python: the
     reference engine, native: the compiled one): (seconds, events, phase timings, finer Python timings, bytes of the
-    compiled engine's outputs, the process's CPU seconds and page faults while the compiled engine ran)."""
+    compiled engine's outputs, {calls, cpu, faults}: its calls and the process's CPU seconds and page faults while
+    it ran)."""
     os.environ["CASSANDRA_CDC_NATIVE"] = {"python": "0", "native": "1"}[engine]
     store = delta_store.DeltaRsStateStore(root)
     timings: dict = {}
@@ -280,14 +281,15 @@ def cdc_merge(root: str, schema, cells: pa.Table, engine: str) -> tuple:
         setattr(delta_store, n, accumulate(label, originals[n]))
     timed_outputs = delta_store.table_outputs
     output_bytes = [0]      # of what the engine hands back: events and state rows
-    # the process's CPU seconds (user + system) and page faults while the engine runs: less noisy from one run
-    # to the next than its wall time, and what tells the engine's own work from the machine's state
-    engine_use = {"cpu": 0.0, "faults": 0}
+    # the process's CPU seconds (user + system) and page faults while the compiled engine runs: how much of its
+    # wall time was work on the two cores, and how much of that the kernel's
+    engine_use = {"calls": 0, "cpu": 0.0, "faults": 0}
 
     def sized_outputs(*x, **k):
         r0 = resource.getrusage(resource.RUSAGE_SELF)
         out = timed_outputs(*x, **k)
         r1 = resource.getrusage(resource.RUSAGE_SELF)
+        engine_use["calls"] += 1
         engine_use["cpu"] += r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
         engine_use["faults"] += r1.ru_minflt - r0.ru_minflt + r1.ru_majflt - r0.ru_majflt
         output_bytes[0] += out[0].nbytes + out[1].nbytes
@@ -472,8 +474,8 @@ def main(argv=None) -> int:
             if len(merge_times[engine]) > 1:
                 each = " / ".join(f"{x:.2f}" for x in merge_times[engine])
                 print(f"  reconcile + events + rows, merge by merge in this process: {each} s")
-            uses = [u for u in engine_uses[engine] if u["cpu"] > 0]
-            if uses:
+            uses = engine_uses[engine]
+            if any(u["calls"] for u in uses):     # the compiled engine ran (not the Python one)
                 cpu = " / ".join(f"{u['cpu']:.2f}" for u in uses)
                 faults = " / ".join(f"{u['faults']:,}" for u in uses)
                 print(f"  compiled engine, merge by merge: {cpu} s of CPU (the process's, user + system), "
