@@ -229,6 +229,11 @@ def build_plain(root: str, rows: int, chunk: int) -> str:
     return uri
 
 
+def cpu_seconds(before, after) -> float:
+    """The process's CPU seconds (user + system, all threads) between two ``resource.getrusage`` readings."""
+    return after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+
+
 def cdc_merge(root: str, schema, cells: pa.Table, engine: str) -> tuple:
     """The whole batch as the pipeline runs it (``sinks.delta.run_store_batch``) with ``engine`` (python: the
     reference engine, native: the compiled one): (seconds, events, phase timings, finer Python timings, bytes of the
@@ -290,7 +295,7 @@ def cdc_merge(root: str, schema, cells: pa.Table, engine: str) -> tuple:
         out = timed_outputs(*x, **k)
         r1 = resource.getrusage(resource.RUSAGE_SELF)
         engine_use["calls"] += 1
-        engine_use["cpu"] += r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
+        engine_use["cpu"] += cpu_seconds(r0, r1)
         engine_use["faults"] += r1.ru_minflt - r0.ru_minflt + r1.ru_majflt - r0.ru_majflt
         output_bytes[0] += out[0].nbytes + out[1].nbytes
         return out
@@ -452,7 +457,7 @@ def main(argv=None) -> int:
             plain_upsert(target, src)
             upserts.append(time.perf_counter() - t0)
             r1 = resource.getrusage(resource.RUSAGE_SELF)
-            upsert_cpu.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
+            upsert_cpu.append(cpu_seconds(r0, r1))
             shutil.rmtree(target, ignore_errors=True)
         plain_s = float(np.median(upserts))
 

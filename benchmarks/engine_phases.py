@@ -94,7 +94,7 @@ def run(a, built: Path) -> int:
         out = delta_store.table_outputs(table, cells, stored, bm.NOW + 5, grouping=grouping)
         wall += time.perf_counter() - t0
         r1 = resource.getrusage(resource.RUSAGE_SELF)
-        cpu += r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
+        cpu += bm.cpu_seconds(r0, r1)
         system += r1.ru_stime - r0.ru_stime
         assert out[0].num_rows == a.changes, out[0].num_rows
         del out
