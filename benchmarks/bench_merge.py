@@ -433,19 +433,17 @@ def main(argv=None) -> int:
 
         # --- cdc merge: the whole batch, by each engine on its own copy of the state
         cells = change_records(table, ids, TS0 + 1_000_000, "w", nvals)
-        # the first merge's figures; every merge's reconcile + events + rows, and its compiled engine's CPU and faults
-        results, merge_times, engine_uses = {}, {}, {}
+        merges = {}       # {engine and order: every merge's cdc_merge figures, the first merge's first}
         for engine in a.engines.split(","):
             for order in a.orders.split(","):
                 name, batch = f"{engine}, {order} order", in_order(cells, order)
                 for i in range(max(a.merges, 1)):
                     root = os.path.join(work, f"cdc-{engine}-{order}-{i}")
                     shutil.copytree(os.path.join(work, "delta"), os.path.join(root, "delta"))
-                    r = cdc_merge(root, schema, batch, engine)
+                    merges.setdefault(name, []).append(cdc_merge(root, schema, batch, engine))
                     shutil.rmtree(root, ignore_errors=True)
-                    results.setdefault(name, r)
-                    merge_times.setdefault(name, []).append(r[2]["reconcile + events + rows"])
-                    engine_uses.setdefault(name, []).append(r[5])
+        results = {name: runs[0] for name, runs in merges.items()}      # the phases printed are the first merge's
+        merge_times = {name: [r[2]["reconcile + events + rows"] for r in runs] for name, runs in merges.items()}
 
         # --- plain upsert of the same number of rows
         src = upsert_rows(ids, nvals)
@@ -479,7 +477,7 @@ def main(argv=None) -> int:
             if len(merge_times[engine]) > 1:
                 each = " / ".join(f"{x:.2f}" for x in merge_times[engine])
                 print(f"  reconcile + events + rows, merge by merge in this process: {each} s")
-            uses = engine_uses[engine]
+            uses = [r[5] for r in merges[engine]]
             if any(u["calls"] for u in uses):     # the compiled engine ran (not the Python one)
                 cpu = " / ".join(f"{u['cpu']:.2f}" for u in uses)
                 faults = " / ".join(f"{u['faults']:,}" for u in uses)
