@@ -21,7 +21,6 @@ import os
 import resource
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -32,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 import cdc_lib  # noqa: E402,F401
 
 import pyarrow as pa  # noqa: E402
-from cargo_build import cargo_build  # noqa: E402
+from cargo_build import cargo_build, native_package  # noqa: E402
 TARGET = ROOT / "native" / "target" / "phase-times"
 
 
@@ -41,12 +40,7 @@ def build() -> Path:
     why_not = cargo_build(ROOT / "native" / "Cargo.toml", TARGET, "--features", "phase-times")
     if why_not is not None:
         sys.exit(f"engine_phases: cannot build native/ with the phase-times feature: {why_not}")
-    lib = TARGET / "release" / ("libcdc_native.dylib" if sys.platform == "darwin" else "libcdc_native.so")
-    pkg = Path(tempfile.mkdtemp(prefix="engine-phases-")) / "cdc_native"
-    pkg.mkdir()
-    shutil.copy(lib, pkg / "cdc_native.abi3.so")
-    (pkg / "__init__.py").write_text("from .cdc_native import *  # noqa: F403\n")
-    return pkg.parent
+    return native_package(TARGET, "engine-phases-")
 
 
 def main(argv=None) -> int:
