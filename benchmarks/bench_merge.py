@@ -374,6 +374,17 @@ def change_ids(state_rows: int, changes: int, new_fraction: float, seed: int) ->
     return ids, nvals, n_new
 
 
+def engine_batch(table, changes: int, new_fraction: float, seed: int, order: str) -> tuple:
+    """(cell log, stored rows, how many changes are new) of the batch ``engine_phases.py`` and
+    ``engine_instructions.py`` hand the compiled engine alone (``sinks.delta.table_outputs``): ``changes`` changes
+    (``change_ids``) as cell-log records in ``order`` and in record batches of 64K records, as this benchmark hands
+    them to the pipeline, and the stored rows of the changed ids that are not new (the even ones)."""
+    ids, nvals, n_new = change_ids(changes, changes, new_fraction, seed)
+    cells = in_order(change_records(table, ids, TS0 + 1_000_000, "w", nvals), order)
+    cells = pa.Table.from_batches(cells.to_batches(max_chunksize=65536))
+    return cells, state_chunk(table, ids[ids % 2 == 0], TS0), n_new
+
+
 def cdc_batch(store, schema: Schema, table, ids: np.ndarray, nvals: np.ndarray) -> dict:
     """The batch of changes ``ids``/``nvals`` as the pipeline runs it without Spark (``run_store_batch``)."""
     cells = change_records(table, ids, TS0 + 1_000_000, "w", nvals)

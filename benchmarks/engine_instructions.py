@@ -59,18 +59,13 @@ def child(changes: int, seed: int) -> None:
     """Under callgrind: build the batch, then make the engine's calls on it (only the ``cdc_native`` module's
     instructions are counted, so building the batch with pyarrow is not)."""
     os.environ["CASSANDRA_CDC_NATIVE"] = "1"
-    import pyarrow as pa
-
     import bench_merge as bm
     from cdc_lib.cql.schema_from_ddl import load_cql_schema
     from cdc_lib.sinks import delta as delta_store
     from cdc_lib.state import native as native_state
 
     table = load_cql_schema(bm.CQL).by_name("bench", "kv")
-    ids, nvals, _ = bm.change_ids(changes, changes, 0.2, seed)
-    cells = bm.in_order(bm.change_records(table, ids, bm.TS0 + 1_000_000, "w", nvals), "pipeline")
-    cells = pa.Table.from_batches(cells.to_batches(max_chunksize=65536))
-    stored = bm.state_chunk(table, ids[ids % 2 == 0], bm.TS0)
+    cells, stored, _ = bm.engine_batch(table, changes, 0.2, seed, "pipeline")
     grouping = native_state.partition_keys(cells).grouping
     out = delta_store.table_outputs(table, cells, stored, bm.NOW + 5, grouping=grouping)
     if out[0].num_rows != changes:

@@ -26,11 +26,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-# before pyarrow, as in the pipeline's processes: importing cdc_lib settles how mimalloc maps and purges memory
-# (cdc_lib.allocator), and pyarrow's mimalloc reads that when it loads
+# before pyarrow (which bench_merge imports), as in the pipeline's processes: importing cdc_lib settles how mimalloc
+# maps and purges memory (cdc_lib.allocator), and pyarrow's mimalloc reads that when it loads
 import cdc_lib  # noqa: E402,F401
 
-import pyarrow as pa  # noqa: E402
 from cargo_build import cargo_build, native_package  # noqa: E402
 TARGET = ROOT / "native" / "target" / "phase-times"
 
@@ -74,11 +73,7 @@ def run(a, built: Path) -> int:
     from cdc_lib.state import native as native_state
 
     table = load_cql_schema(bm.CQL).by_name("bench", "kv")
-    ids, nvals, n_new = bm.change_ids(a.changes, a.changes, a.new_fraction, a.seed)
-    # in record batches of 64K records, as bench_merge hands them to the pipeline, in --order
-    cells = bm.in_order(bm.change_records(table, ids, bm.TS0 + 1_000_000, "w", nvals), a.order)
-    cells = pa.Table.from_batches(cells.to_batches(max_chunksize=65536))
-    stored = bm.state_chunk(table, ids[ids % 2 == 0], bm.TS0)      # even ids are stored rows
+    cells, stored, n_new = bm.engine_batch(table, a.changes, a.new_fraction, a.seed, a.order)
     print(f"{a.changes:,} changes ({n_new:,} new), {stored.num_rows:,} stored rows, engine {cdc_native.__file__}")
     cdc_native.phase_times()            # from zero
     cpu = wall = system = 0.0
