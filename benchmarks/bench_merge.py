@@ -32,6 +32,10 @@ metadata, exactly as ``cdc_lib.sinks.delta`` writes it) is generated vectorised 
   threads) and page faults of the process while the compiled engine ran, and for each upsert its CPU seconds: on
   this VM the same merge's wall time moves from run to run with the machine's state as well as with the code
   (fresh memory below), and the faults and CPU seconds show how much of it was the kernel's.
+* **the state's order** (``--state-order``): the state files' rows in token order (``token``, the default: as a
+  first load writes them), or in no order (``shuffled``: as a MERGE leaves the files it rewrites, which is how a
+  pipeline's state looks after its first batches). The engine reads the stored rows of the batch's partitions in
+  the order the files hold them: in token order front to back, otherwise gathered from all over them.
 * **plain replace**: the same rows as delete + append in one commit (``write_deltalake(mode="overwrite",
   predicate="id IN (...)")``), the alternative to MERGE for replacing partitions, on at most
   ``--replace-max`` keys (the keys go into an SQL IN list; delta-rs 1.6.6 segfaults parsing 200,000 of them).
@@ -409,6 +413,9 @@ def main(argv=None) -> int:
     p.add_argument("--changes", type=int, default=1_000_000)
     p.add_argument("--new-fraction", type=float, default=0.2)
     p.add_argument("--chunk", type=int, default=1_000_000, help="rows per file when building the tables")
+    p.add_argument("--state-order", choices=("token", "shuffled"), default="token",
+                   help="the state files' rows in token order (as a first load writes them) or in no order (as a "
+                        "MERGE leaves them)")
     p.add_argument("--dir", default=None, help="work directory (default: a temporary one, removed after)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--engines", default="python,native",
@@ -436,7 +443,8 @@ def main(argv=None) -> int:
     work = a.dir or tempfile.mkdtemp(prefix="bench-merge-")
     try:
         t0 = time.perf_counter()
-        build_state(work, table, a.state_rows, a.chunk)
+        build_state(work, table, a.state_rows, a.chunk,
+                    shuffle_seed=a.seed if a.state_order == "shuffled" else None)
         plain = build_plain(work, a.state_rows, a.chunk)
         print(f"built 2 x {a.state_rows:,} rows in {time.perf_counter() - t0:.1f} s")
 
@@ -470,7 +478,8 @@ def main(argv=None) -> int:
             shutil.rmtree(target, ignore_errors=True)
         plain_s = float(np.median(upserts))
 
-        print(f"state rows {a.state_rows:,}, changes {a.changes:,} ({n_new:,} new)")
+        print(f"state rows {a.state_rows:,} (files' rows in {a.state_order} order), changes {a.changes:,} "
+              f"({n_new:,} new)")
         if "native" in a.engines.split(","):
             import cdc_native
             print("compiled engine: " + ("profile-guided build (native/build.py)" if getattr(

@@ -64,31 +64,39 @@ pub struct Var {
 pub fn append(dst: &mut Vec<u8>, src: &[u8]) {
     let n = src.len();
     dst.reserve(n);
-    // SAFETY: `reserve` made room for n more bytes; every read is within src[0..n], every write within the
-    // reserved dst[len..len + n].
+    // SAFETY: `reserve` made room for n more bytes at dst[len..len + n]
     unsafe {
-        let d = dst.as_mut_ptr().add(dst.len());
-        let s = src.as_ptr();
-        use std::ptr::{read_unaligned as rd, write_unaligned as wr};
-        if n <= 16 {
-            if n >= 8 {
-                wr(d as *mut u64, rd(s as *const u64));
-                wr(d.add(n - 8) as *mut u64, rd(s.add(n - 8) as *const u64));
-            } else if n >= 4 {
-                wr(d as *mut u32, rd(s as *const u32));
-                wr(d.add(n - 4) as *mut u32, rd(s.add(n - 4) as *const u32));
-            } else if n > 0 {
-                *d = *s;
-                *d.add(n / 2) = *s.add(n / 2);
-                *d.add(n - 1) = *s.add(n - 1);
-            }
-        } else if n <= 32 {
-            wr(d as *mut u128, rd(s as *const u128));
-            wr(d.add(n - 16) as *mut u128, rd(s.add(n - 16) as *const u128));
-        } else {
-            std::ptr::copy_nonoverlapping(s, d, n);
-        }
+        copy_short(dst.as_mut_ptr().add(dst.len()), src);
         dst.set_len(dst.len() + n);
+    }
+}
+
+/// `src` copied to `d`, short copies inline (`append`).
+///
+/// # Safety
+/// `d` is valid for writing `src.len()` bytes, and does not overlap `src`.
+#[inline(always)]
+pub unsafe fn copy_short(d: *mut u8, src: &[u8]) {
+    let n = src.len();
+    let s = src.as_ptr();
+    use std::ptr::{read_unaligned as rd, write_unaligned as wr};
+    if n <= 16 {
+        if n >= 8 {
+            wr(d as *mut u64, rd(s as *const u64));
+            wr(d.add(n - 8) as *mut u64, rd(s.add(n - 8) as *const u64));
+        } else if n >= 4 {
+            wr(d as *mut u32, rd(s as *const u32));
+            wr(d.add(n - 4) as *mut u32, rd(s.add(n - 4) as *const u32));
+        } else if n > 0 {
+            *d = *s;
+            *d.add(n / 2) = *s.add(n / 2);
+            *d.add(n - 1) = *s.add(n - 1);
+        }
+    } else if n <= 32 {
+        wr(d as *mut u128, rd(s as *const u128));
+        wr(d.add(n - 16) as *mut u128, rd(s.add(n - 16) as *const u128));
+    } else {
+        std::ptr::copy_nonoverlapping(s, d, n);
     }
 }
 

@@ -433,70 +433,80 @@ impl<'a> Stored<'a> {
         (by_key, next)
     }
 
-    /// The first record of partition `pk`.
-    fn first(&self, pk: &[u8]) -> Option<u32> {
-        let slot = &self.by_key.slots[self.by_key.find(key_hash(pk), pk, |r| self.key(r))];
+    /// The first stored record of partition `pk`, whose key hashes to `h` (`key_hash`).
+    fn first(&self, pk: &[u8], h: u64) -> Option<u32> {
+        let slot = &self.by_key.slots[self.by_key.find(h, pk, |r| self.key(r))];
         (slot.first != EMPTY).then_some(slot.first)
     }
 
-    /// Start loading the slot of partition `pk` in `by_key` (its key's bytes loaded a while before).
-    fn prefetch_slot(&self, pk: &[u8]) {
-        self.by_key.prefetch(key_hash(pk));
-    }
-
-    /// Start loading the first stored record of partition `pk` (its slot loaded by `prefetch_slot`).
-    fn prefetch(&self, pk: &[u8]) {
-        if let Some(first) = self.by_key.guess(key_hash(pk)) {
-            let (c, i) = self.at(first);
-            for col in c.columns() {
-                col.prefetch(i);
-            }
+    /// Start loading the first stored record `first` of a partition (guessed from its slot, loaded by
+    /// `ByKey::prefetch` a while before).
+    fn prefetch(&self, first: u32) {
+        let (c, i) = self.at(first);
+        for col in c.columns() {
+            col.prefetch(i);
         }
     }
 
-    /// Start loading the bytes and cells of the first stored record of `pk` (its offsets loaded by `prefetch`),
-    /// and the next of its records.
-    fn prefetch_cells(&self, pk: &[u8]) {
-        if let Some(first) = self.by_key.guess(key_hash(pk)) {
-            let (c, i) = self.at(first);
-            for col in c.columns() {
-                col.prefetch_data(i);
+    /// Start loading the bytes and cells of stored record `first` (its offsets loaded by `prefetch`), and the
+    /// next of its partition's records.
+    fn prefetch_cells(&self, first: u32) {
+        let (c, i) = self.at(first);
+        for col in c.columns() {
+            col.prefetch_data(i);
+        }
+        if c.cells.valid(i) {
+            let j = c.cells.list_range(i).start;
+            for col in c.cell {
+                col.prefetch(j);
             }
-            if c.cells.valid(i) {
-                let j = c.cells.list_range(i).start;
-                for col in c.cell {
-                    col.prefetch(j);
-                }
-                if let Some(id) = c.cell_col_ids.get(j) {
-                    prefetch_line(id as *const ColId as *const u8);
-                }
+            if let Some(id) = c.cell_col_ids.get(j) {
+                prefetch_line(id as *const ColId as *const u8);
             }
-            if let Some(next) = self.next.get(self.place(first)) {
-                prefetch_line(next as *const u32 as *const u8);
-            }
+        }
+        if let Some(next) = self.next.get(self.place(first)) {
+            prefetch_line(next as *const u32 as *const u8);
         }
     }
 
-    /// Start loading the values and paths of the first stored record of `pk`'s cells (their offsets loaded by
+    /// Start loading the values and paths of stored record `first`'s cells (their offsets loaded by
     /// `prefetch_cells`).
-    fn prefetch_cell_data(&self, pk: &[u8]) {
-        if let Some(first) = self.by_key.guess(key_hash(pk)) {
-            let (c, i) = self.at(first);
-            if c.cells.valid(i) {
-                let cells = c.cells.list_range(i);
-                let [_, path, value, ..] = c.cell;
-                for j in cells.start..cells.end.min(cells.start + 4) {
-                    value.prefetch_data(j);
-                    path.prefetch_data(j);
-                }
+    fn prefetch_cell_data(&self, first: u32) {
+        let (c, i) = self.at(first);
+        if c.cells.valid(i) {
+            let cells = c.cells.list_range(i);
+            let [_, path, value, ..] = c.cell;
+            for j in cells.start..cells.end.min(cells.start + 4) {
+                value.prefetch_data(j);
+                path.prefetch_data(j);
             }
         }
     }
 
-    /// The stored state of partition `pk`, decoded into `part` (cleared first); false when it has none.
-    fn partition(&self, pk: &[u8], part: &mut PartitionState<'a>) -> Result<bool, String> {
+    /// Whether the stored records of the partitions `order` come in that order, as far as the first
+    /// `ORDER_SAMPLE` of them tell (a wrong answer costs time, not results).
+    fn in_order_of(&self, order: &[Part]) -> bool {
+        const ORDER_SAMPLE: usize = 32;
+        let mut last = None;
+        let mut seen = 0;
+        for p in order.iter().take(ORDER_SAMPLE) {
+            if let Some(first) = self.first(p.pk, key_hash(p.pk)) {
+                let place = self.place(first);
+                if last.is_some_and(|l| place <= l) {
+                    return false;
+                }
+                last = Some(place);
+                seen += 1;
+            }
+        }
+        seen >= 2
+    }
+
+    /// The stored state of partition `pk` (its key's hash `h`), decoded into `part` (cleared first); false when it
+    /// has none.
+    fn partition(&self, pk: &[u8], h: u64, part: &mut PartitionState<'a>) -> Result<bool, String> {
         part.clear();
-        let Some(first) = self.first(pk) else { return Ok(false) };
+        let Some(first) = self.first(pk, h) else { return Ok(false) };
         let rows = std::iter::successors(Some(first), |&r| Some(self.next[self.place(r)]).filter(|&j| j != u32::MAX));
         for r in rows {
             let (c, i) = self.at(r);
@@ -1097,21 +1107,53 @@ fn process_run<'a>(em: &Emitter, stored: &Stored<'a>, log: &CellLog<'a>, sorted:
     // offsets, then the bytes they point to, then the key's slot among the stored partitions, then the stored
     // record it names, then that record's bytes and its cells' offsets, then the cells' values. Records read
     // forwards are left to the processor's own prefetcher: asking for them too cost about 1,000 instructions a
-    // change (callgrind) for lines already on their way.
+    // change (callgrind) for lines already on their way. So are stored records read forwards (a state file
+    // written in token order, as `bench_merge.py`'s): asking for them cost 640 instructions a change, 5 % of the
+    // engine's, and about 8 % of its time; for records in no order (as a MERGE leaves a file) the requests save
+    // a sixth of it (docs/benchmarks.md, "The round after 70dfef1").
     let ahead = |i: usize, step: fn(&CellLog, &Stored, &Part, &[Rid])| {
         if let Some(p) = order.get(i) {
             step(log, stored, p, &sorted[p.recs.clone()]);
         }
     };
+    // each partition's key is hashed once, four partitions ahead (its slot asked for then, looked up when its
+    // turn comes), and its first stored record guessed from the slot once, three ahead: rings of the partitions
+    // in between (`AHEAD` > 4)
+    const AHEAD: usize = 8;
+    let (mut hashes, mut firsts) = ([0u64; AHEAD], [EMPTY; AHEAD]);
+    for (j, p) in order.iter().enumerate().take(4) {
+        hashes[j] = key_hash(p.pk);
+    }
+    let stored_forwards = stored.in_order_of(order);
     for (i, part) in order.iter().enumerate() {
         if !forwards {
             ahead(i + 6, |log, _, _, recs| recs.iter().for_each(|&r| log.prefetch(r)));
             ahead(i + 5, |log, _, _, recs| recs.iter().for_each(|&r| log.prefetch_data(r)));
         }
-        ahead(i + 4, |_, stored, p, _| stored.prefetch_slot(p.pk));
-        ahead(i + 3, |_, stored, p, _| stored.prefetch(p.pk));
-        ahead(i + 2, |_, stored, p, _| stored.prefetch_cells(p.pk));
-        ahead(i + 1, |_, stored, p, _| stored.prefetch_cell_data(p.pk));
+        if let Some(p) = order.get(i + 4) {
+            let h = key_hash(p.pk);
+            hashes[(i + 4) % AHEAD] = h;
+            stored.by_key.prefetch(h);
+        }
+        if !stored_forwards {
+            if i + 3 < order.len() {
+                let first = stored.by_key.guess(hashes[(i + 3) % AHEAD]).unwrap_or(EMPTY);
+                firsts[(i + 3) % AHEAD] = first;
+                if first != EMPTY {
+                    stored.prefetch(first);
+                }
+            }
+            match firsts[(i + 2) % AHEAD] {
+                EMPTY => {}
+                first if i + 2 < order.len() => stored.prefetch_cells(first),
+                _ => {}
+            }
+            match firsts[(i + 1) % AHEAD] {
+                EMPTY => {}
+                first if i + 1 < order.len() => stored.prefetch_cell_data(first),
+                _ => {}
+            }
+        }
         if i == sample {
             let factor = (order.len() - i) as f64 / i as f64 * 1.1;
             out.state.reserve_scaled(factor);
@@ -1126,7 +1168,7 @@ fn process_run<'a>(em: &Emitter, stored: &Stored<'a>, log: &CellLog<'a>, sorted:
             continue;
         }
         clock.lap(Phase::PartitionRecords);
-        work.has_prior = stored.partition(pk, &mut work.prior)?;
+        work.has_prior = stored.partition(pk, hashes[i % AHEAD], &mut work.prior)?;
         clock.lap(Phase::PartitionStored);
         let mark = out.state.n;
         let events_mark = out.events.len();

@@ -412,34 +412,98 @@ fn hex_id(digest: &[u8; 16]) -> [u8; 32] {
 /// What the encoding starts with: its name and version.
 const ID_TAG: &[u8] = b"cassandra-cdc event id 2\n";
 
-/// The id input's writer: every field length-prefixed or of fixed width, integers big-endian.
-struct IdInput<'o>(&'o mut Vec<u8>);
+/// The id input's writer: every field length-prefixed or of fixed width, integers big-endian. A cursor into the
+/// buffer's spare room rather than `Vec` pushes: each group of fields (a cell, a deletion, a length and its bytes)
+/// makes room for its longest encoding once, then its fields are stored without a check or a length update each
+/// (an event writes about sixty of them). The buffer's length is set when the writer is dropped.
+struct IdInput<'o> {
+    buf: &'o mut Vec<u8>,
+    /// where the next byte goes: `buf`'s start + what has been written
+    at: *mut u8,
+    /// the end of `buf`'s capacity
+    end: *mut u8,
+}
 
-impl IdInput<'_> {
+impl<'o> IdInput<'o> {
+    /// A writer appending to `buf`.
+    fn new(buf: &'o mut Vec<u8>) -> IdInput<'o> {
+        let (len, cap) = (buf.len(), buf.capacity());
+        let p = buf.as_mut_ptr();
+        // SAFETY: len <= cap: both within (or one past) the allocation
+        let (at, end) = unsafe { (p.add(len), p.add(cap)) };
+        IdInput { buf, at, end }
+    }
+
+    fn written(&self) -> usize {
+        self.at as usize - self.buf.as_ptr() as usize
+    }
+
+    /// Room for `n` more bytes.
+    #[inline(always)]
+    fn room(&mut self, n: usize) {
+        if (self.end as usize - self.at as usize) < n {
+            self.grow(n);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn grow(&mut self, n: usize) {
+        let len = self.written();
+        // SAFETY: the first `len` bytes are written
+        unsafe { self.buf.set_len(len) };
+        self.buf.reserve(n);
+        let p = self.buf.as_mut_ptr();
+        // SAFETY: len <= capacity
+        unsafe {
+            self.at = p.add(len);
+            self.end = p.add(self.buf.capacity());
+        }
+    }
+
+    /// # Safety
+    /// `room` made space for these N bytes.
+    #[inline(always)]
+    unsafe fn put<const N: usize>(&mut self, b: [u8; N]) {
+        self.at.cast::<[u8; N]>().write_unaligned(b);
+        self.at = self.at.add(N);
+    }
+
+    /// # Safety
+    /// `room` made space for u32 + `b`.
+    #[inline(always)]
+    unsafe fn put_bytes(&mut self, b: &[u8]) {
+        self.put((b.len() as u32).to_be_bytes());
+        crate::columns::copy_short(self.at, b);
+        self.at = self.at.add(b.len());
+    }
+
     #[inline]
     fn u8(&mut self, x: u8) {
-        self.0.push(x);
+        self.room(1);
+        // SAFETY: `room` made space for what this writes
+        unsafe { self.put([x]) }
     }
 
     #[inline]
     fn u32(&mut self, n: usize) {
-        self.0.extend_from_slice(&(n as u32).to_be_bytes());
+        self.room(4);
+        // SAFETY: `room` made space for what this writes
+        unsafe { self.put((n as u32).to_be_bytes()) }
     }
 
     #[inline]
     fn i64(&mut self, x: i64) {
-        self.0.extend_from_slice(&x.to_be_bytes());
-    }
-
-    #[inline]
-    fn i32(&mut self, x: i32) {
-        self.0.extend_from_slice(&x.to_be_bytes());
+        self.room(8);
+        // SAFETY: `room` made space for what this writes
+        unsafe { self.put(x.to_be_bytes()) }
     }
 
     #[inline]
     fn bytes(&mut self, b: &[u8]) {
-        self.u32(b.len());
-        crate::columns::append(self.0, b);
+        self.room(4 + b.len());
+        // SAFETY: `room` made space for what this writes
+        unsafe { self.put_bytes(b) }
     }
 
     /// opt(x): 0 for None, else 1 then `x` as `write` encodes it.
@@ -454,33 +518,62 @@ impl IdInput<'_> {
         }
     }
 
-    fn del(&mut self, d: &Option<Del>) {
-        self.opt(d.as_ref(), |w, (ts, ldt)| {
-            w.i64(*ts);
-            w.i64(*ldt);
-        });
+    /// # Safety
+    /// `room` made space for 17 bytes.
+    #[inline(always)]
+    unsafe fn put_del(&mut self, d: &Option<Del>) {
+        match d {
+            None => self.put([0]),
+            Some((ts, ldt)) => {
+                self.put([1]);
+                self.put(ts.to_be_bytes());
+                self.put(ldt.to_be_bytes());
+            }
+        }
     }
 
-    fn cell(&mut self, c: &Cell) {
-        self.i64(c.ts);
-        self.i32(c.ttl);
-        self.i64(c.ldt);
-        self.u8(c.tomb as u8);
-        self.bytes(&c.value);
+    fn del(&mut self, d: &Option<Del>) {
+        self.room(17);
+        // SAFETY: `room` made space for what this writes
+        unsafe { self.put_del(d) }
+    }
+
+    /// str(name) then the cell; `name`: a path's bytes for a complex column's cell.
+    #[inline]
+    fn named_cell(&mut self, name: &[u8], c: &Cell) {
+        // str(name); cell: i64 ts, i32 ttl, i64 ldt, u8 tombstone, bytes(value)
+        self.room(4 + name.len() + 25 + c.value.len());
+        // SAFETY: `room` made space for what this writes
+        unsafe {
+            self.put_bytes(name);
+            self.put(c.ts.to_be_bytes());
+            self.put(c.ttl.to_be_bytes());
+            self.put(c.ldt.to_be_bytes());
+            self.put([c.tomb as u8]);
+            self.put_bytes(&c.value);
+        }
     }
 
     fn row(&mut self, t: &Table, row: &RowState) {
-        self.opt(row.liveness, |w, (ts, ttl, ldt)| {
-            w.i64(ts);
-            w.i32(ttl);
-            w.i64(ldt);
-        });
-        self.del(&row.deletion);
-        self.del(&row.shadowable);
-        self.u32(row.cells.len());
+        // opt(liveness: i64, i32, i64), opt(del) twice, u32(number of cells)
+        self.room(21 + 17 + 17 + 4);
+        // SAFETY: `room` made space for what this writes
+        unsafe {
+            match row.liveness {
+                None => self.put([0]),
+                Some((ts, ttl, ldt)) => {
+                    self.put([1]);
+                    self.put(ts.to_be_bytes());
+                    self.put(ttl.to_be_bytes());
+                    self.put(ldt.to_be_bytes());
+                }
+            }
+            self.put_del(&row.deletion);
+            self.put_del(&row.shadowable);
+            self.put((row.cells.len() as u32).to_be_bytes());
+        }
         for (col, c) in t.in_name_order(&row.cells) {
-            self.bytes(t.name_of(*col).as_bytes());
-            self.cell(c);
+            self.named_cell(t.name_of(*col).as_bytes(), c);
         }
         self.u32(row.complex.len());
         for (col, e) in t.in_name_order(&row.complex) {
@@ -488,8 +581,7 @@ impl IdInput<'_> {
             self.del(&e.del);
             self.u32(e.cells.len());
             for (p, c) in &e.cells {
-                self.bytes(p);
-                self.cell(c);
+                self.named_cell(p, c);
             }
         }
     }
@@ -497,17 +589,28 @@ impl IdInput<'_> {
     fn image(&mut self, t: &Table, img: &[(ColId, IV)], items: &[Item]) {
         self.u32(img.len());
         for (col, v) in t.in_name_order(img) {
-            self.bytes(t.name_of(*col).as_bytes());
+            let name = t.name_of(*col).as_bytes();
             match v {
                 IV::Bytes(b) => {
-                    self.u8(0);
-                    self.bytes(b);
+                    self.room(4 + name.len() + 1 + 4 + b.len());
+                    // SAFETY: `room` made space for what this writes
+                    unsafe {
+                        self.put_bytes(name);
+                        self.put([0]);
+                        self.put_bytes(b);
+                    }
                 }
                 IV::Counter(n) => {
-                    self.u8(1);
-                    self.0.extend_from_slice(&n.to_be_bytes());
+                    self.room(4 + name.len() + 1 + 16);
+                    // SAFETY: `room` made space for what this writes
+                    unsafe {
+                        self.put_bytes(name);
+                        self.put([1]);
+                        self.put(n.to_be_bytes());
+                    }
                 }
                 IV::Items(s, e) => {
+                    self.bytes(name);
                     self.u8(2);
                     let items = &items[*s as usize..*e as usize];
                     self.u32(items.len());
@@ -521,10 +624,18 @@ impl IdInput<'_> {
     }
 }
 
+impl Drop for IdInput<'_> {
+    fn drop(&mut self) {
+        let len = self.written();
+        // SAFETY: every byte up to `at` is written, within the capacity
+        unsafe { self.buf.set_len(len) };
+    }
+}
+
 /// What every event id of table `t` hashes first: the encoding's tag and the table id.
 fn id_input_prefix(t: &Table, s: &mut Vec<u8>) {
     s.extend_from_slice(ID_TAG);
-    IdInput(s).bytes(t.id_str.as_bytes());
+    IdInput::new(s).bytes(t.id_str.as_bytes());
 }
 
 /// `events._event_id`'s input after `id_input_prefix`, written into `s`: the change (row, op, write time,
@@ -536,7 +647,7 @@ pub fn event_id_input(t: &Table, pk: &[u8], key: RowKey, op: u8, ts_us: i64, exp
                       a_img: Option<Img>, s: &mut Vec<u8>) -> D<()> {
     debug_assert!(t.names_exact, "a table whose names are not the data's reached the event ids");
     s.clear();
-    let mut w = IdInput(s);
+    let mut w = IdInput::new(s);
     w.bytes(pk);
     w.opt(key, |w, k| w.bytes(&k));
     w.u8(op);

@@ -13,12 +13,25 @@ use super::types::{self, Doubt, Ty, D};
 /// A column's validity, written only once it is needed: as long as a column's entries are all valid or all null
 /// (most columns of a batch: keys and metadata are always set, deletions and TTLs of a plain batch never), it is
 /// their count; the bitmap is made when the first entry of the other kind comes.
-#[derive(Default)]
 pub struct Validity {
     len: usize,
     nulls: usize,
+    /// the entry that keeps the column uniform, as `push` takes it (`ALL_VALID`, `ALL_NULL`), or `EITHER` (no
+    /// entries yet) or `MIXED` (neither: the bitmap is kept): one compare an entry on the way all but a few take
+    uniform: u8,
     /// the bitmap, once entries are mixed
     bits: Option<Bits>,
+}
+
+const ALL_NULL: u8 = 0;
+const ALL_VALID: u8 = 1;
+const EITHER: u8 = 2;
+const MIXED: u8 = 3;
+
+impl Default for Validity {
+    fn default() -> Validity {
+        Validity { len: 0, nulls: 0, uniform: EITHER, bits: None }
+    }
 }
 
 impl Validity {
@@ -33,35 +46,43 @@ impl Validity {
 
     /// `len` valid entries.
     pub fn valid(len: usize) -> Validity {
-        Validity { len, nulls: 0, bits: None }
+        Validity { len, nulls: 0, uniform: if len == 0 { EITHER } else { ALL_VALID }, bits: None }
     }
 
     #[inline(always)]
     pub fn push(&mut self, valid: bool) {
-        let uniform = self.bits.is_none() && if valid { self.nulls == 0 } else { self.nulls == self.len };
-        if uniform {
+        if self.uniform == valid as u8 {
             self.nulls += !valid as usize;
             self.len += 1;
         } else {
-            self.push_mixed(valid);
+            self.push_other(valid);
         }
     }
 
+    /// `push` of an entry that is not the kind the entries so far all are: the first entry, or the first of the
+    /// other kind (the bitmap is made), or any once they are mixed.
     #[inline(never)]
-    fn push_mixed(&mut self, valid: bool) {
-        if self.bits.is_none() {
-            // the first entry of the other kind: the bitmap of the entries so far (all valid, or all null)
-            let mut bits = Bits::zeros(self.len);
-            if self.nulls == 0 {
-                bits.bytes.fill(0xff);
-                if !self.len.is_multiple_of(8) {
-                    // zeros after them in the last byte: `Bits::push` only sets bits
-                    *bits.bytes.last_mut().unwrap() = (1u8 << (self.len % 8)) - 1;
+    fn push_other(&mut self, valid: bool) {
+        match self.uniform {
+            EITHER => self.uniform = if valid { ALL_VALID } else { ALL_NULL },
+            MIXED => {}
+            _ => {
+                // the bitmap of the entries so far (all valid, or all null)
+                let mut bits = Bits::zeros(self.len);
+                if self.nulls == 0 {
+                    bits.bytes.fill(0xff);
+                    if !self.len.is_multiple_of(8) {
+                        // zeros after them in the last byte: `Bits::push` only sets bits
+                        *bits.bytes.last_mut().unwrap() = (1u8 << (self.len % 8)) - 1;
+                    }
                 }
+                self.bits = Some(bits);
+                self.uniform = MIXED;
             }
-            self.bits = Some(bits);
         }
-        self.bits.as_mut().expect("made above").push(valid);
+        if let Some(bits) = self.bits.as_mut() {
+            bits.push(valid);
+        }
         self.nulls += !valid as usize;
         self.len += 1;
     }
@@ -79,6 +100,9 @@ impl Validity {
             None => self.nulls = self.nulls.min(n),
         }
         self.len = n;
+        if n == 0 && self.bits.is_none() {
+            self.uniform = EITHER;
+        }
     }
 
     /// Room for `n` more entries (in the bitmap, if there is one).
