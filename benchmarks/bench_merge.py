@@ -33,9 +33,10 @@ metadata, exactly as ``cdc_lib.sinks.delta`` writes it) is generated vectorised 
   this VM the same merge's wall time moves from run to run with the machine's state as well as with the code
   (fresh memory below), and the faults and CPU seconds show how much of it was the kernel's.
 * **the state's order** (``--state-order``): the state files' rows in token order (``token``, the default: as a
-  first load writes them), or in no order (``shuffled``: as a MERGE leaves the files it rewrites, which is how a
-  pipeline's state looks after its first batches). The engine reads the stored rows of the batch's partitions in
-  the order the files hold them: in token order front to back, otherwise gathered from all over them.
+  first load writes them, and as a MERGE keeps them: the rows it rewrites stay where they were, nearly all in
+  order), or in no order (``shuffled``: the worst case, of a state written some other way). The engine reads the
+  stored rows of the batch's partitions in the order the files hold them: in token order front to back,
+  otherwise gathered from all over them.
 * **plain replace**: the same rows as delete + append in one commit (``write_deltalake(mode="overwrite",
   predicate="id IN (...)")``), the alternative to MERGE for replacing partitions, on at most
   ``--replace-max`` keys (the keys go into an SQL IN list; delta-rs 1.6.6 segfaults parsing 200,000 of them).
@@ -414,8 +415,8 @@ def main(argv=None) -> int:
     p.add_argument("--new-fraction", type=float, default=0.2)
     p.add_argument("--chunk", type=int, default=1_000_000, help="rows per file when building the tables")
     p.add_argument("--state-order", choices=("token", "shuffled"), default="token",
-                   help="the state files' rows in token order (as a first load writes them) or in no order (as a "
-                        "MERGE leaves them)")
+                   help="the state files' rows in token order (as a first load writes them and a MERGE keeps "
+                        "them) or in no order (the worst case)")
     p.add_argument("--dir", default=None, help="work directory (default: a temporary one, removed after)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--engines", default="python,native",

@@ -3,7 +3,9 @@
     .venv/bin/python benchmarks/bench_state_read.py --state-rows 10000000 --keys 10000,65536,300000,1000000
 
 The state is ``bench_merge.py``'s (``bench.kv``, one row a partition, files of ``--chunk`` rows) with each file's
-rows in random order, as a MERGE leaves them (``bench_merge.py`` keeps them sorted by token). For each number of
+rows in random order, the worst case (``bench_merge.py`` keeps them sorted by token, as a first load writes them;
+a MERGE by deltalake 1.6.6 keeps the rows it rewrites nearly in that order too: 359 descents among 1.1M rows after
+one, docs/benchmarks.md, "The round after 70dfef1"). For each number of
 keys (distinct partitions, one in five absent from the state, with their murmur3 tokens in token order, as
 ``partition_keys`` gives them), in one run, alternating, ``--repeat`` times:
 

@@ -500,7 +500,7 @@ class PartitionSet:
         """The rows of ``batch`` (with ``_cdc_token`` and ``_cdc_partition_key``) of these partitions."""
         row_tokens = batch.column("_cdc_token").to_numpy(zero_copy_only=False)
         # looked up in token order: the searches then walk the sorted tokens front to back, which is a quarter of
-        # the time of searching in the rows' own order (a state file's rows are in no order) with the sort included
+        # the time of searching in the rows' own order (which need not be the tokens') with the sort included
         order = np.argsort(row_tokens)
         at = np.empty(len(row_tokens), np.int64)
         at[order] = np.minimum(np.searchsorted(self.tokens, row_tokens[order]), len(self.tokens) - 1)

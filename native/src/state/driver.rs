@@ -1107,10 +1107,12 @@ fn process_run<'a>(em: &Emitter, stored: &Stored<'a>, log: &CellLog<'a>, sorted:
     // offsets, then the bytes they point to, then the key's slot among the stored partitions, then the stored
     // record it names, then that record's bytes and its cells' offsets, then the cells' values. Records read
     // forwards are left to the processor's own prefetcher: asking for them too cost about 1,000 instructions a
-    // change (callgrind) for lines already on their way. So are stored records read forwards (a state file
-    // written in token order, as `bench_merge.py`'s): asking for them cost 640 instructions a change, 5 % of the
-    // engine's, and about 8 % of its time; for records in no order (as a MERGE leaves a file) the requests save
-    // a sixth of it (docs/benchmarks.md, "The round after 70dfef1").
+    // change (callgrind) for lines already on their way. So are stored records read forwards (a state of one
+    // file in token order, as a first load writes it and a MERGE leaves it): asking for them cost 640
+    // instructions a change, 5 % of the engine's, and about 8 % of its time. Stored records read in any other
+    // order (a state of several files, each over the whole ring, read one after the other; rows in no order)
+    // are asked for: in no order at all, that saves a sixth of the engine's time (docs/benchmarks.md, "The
+    // round after 70dfef1").
     let ahead = |i: usize, step: fn(&CellLog, &Stored, &Part, &[Rid])| {
         if let Some(p) = order.get(i) {
             step(log, stored, p, &sorted[p.recs.clone()]);
