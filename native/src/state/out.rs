@@ -23,8 +23,9 @@ pub struct Validity {
     bits: Option<Bits>,
 }
 
-const ALL_NULL: u8 = 0;
-const ALL_VALID: u8 = 1;
+// `push` compares `uniform` with its entry as a byte: these two are the entries' values
+const ALL_NULL: u8 = false as u8;
+const ALL_VALID: u8 = true as u8;
 const EITHER: u8 = 2;
 const MIXED: u8 = 3;
 
@@ -779,4 +780,48 @@ pub fn arrow_complex(o: &mut Out, t: &Ty, items: &[Item]) -> D<()> {
         _ => return Err(Doubt),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Validity;
+
+    /// The entries `finish` describes: (null count, each entry's validity).
+    fn described(v: Validity) -> (usize, Vec<bool>) {
+        let len = v.len();
+        match v.finish() {
+            (0, None) => (0, vec![true; len]),
+            (nulls, Some(bits)) => (nulls, (0..len).map(|i| bits.bytes[i / 8] & (1 << (i % 8)) != 0).collect()),
+            (nulls, None) => panic!("{nulls} nulls without a bitmap"),
+        }
+    }
+
+    #[test]
+    fn validity_describes_every_sequence_of_entries_as_pushed() {
+        // every sequence of up to 10 entries, and each truncated at every length, against the entries themselves
+        for n in 0..=10usize {
+            for pattern in 0u32..1 << n {
+                let entries: Vec<bool> = (0..n).map(|i| pattern & (1 << i) != 0).collect();
+                let mut v = Validity::default();
+                entries.iter().for_each(|&e| v.push(e));
+                let nulls = entries.iter().filter(|&&e| !e).count();
+                assert_eq!(described(v), (nulls, entries.clone()), "{entries:?}");
+                for keep in 0..=n {
+                    let mut v = Validity::default();
+                    entries.iter().for_each(|&e| v.push(e));
+                    v.truncate(keep);
+                    // pushes after a truncation continue from what was kept
+                    v.push(false);
+                    v.push(true);
+                    let mut want = entries[..keep].to_vec();
+                    want.extend([false, true]);
+                    let want_nulls = want.iter().filter(|&&e| !e).count();
+                    assert_eq!(described(v), (want_nulls, want.clone()), "{entries:?} kept {keep}");
+                }
+            }
+        }
+        let mut v = Validity::valid(5);
+        v.push(true);
+        assert_eq!(described(v), (0, vec![true; 6]));
+    }
 }
