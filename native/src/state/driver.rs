@@ -1145,15 +1145,14 @@ fn process_run<'a>(em: &Emitter, stored: &Stored<'a>, log: &CellLog<'a>, sorted:
                     stored.prefetch(first);
                 }
             }
-            match firsts[(i + 2) % AHEAD] {
-                EMPTY => {}
-                first if i + 2 < order.len() => stored.prefetch_cells(first),
-                _ => {}
+            // (a slot of the rings is read only for a partition that is there: one past the end holds an old one)
+            let first = firsts[(i + 2) % AHEAD];
+            if first != EMPTY && i + 2 < order.len() {
+                stored.prefetch_cells(first);
             }
-            match firsts[(i + 1) % AHEAD] {
-                EMPTY => {}
-                first if i + 1 < order.len() => stored.prefetch_cell_data(first),
-                _ => {}
+            let first = firsts[(i + 1) % AHEAD];
+            if first != EMPTY && i + 1 < order.len() {
+                stored.prefetch_cell_data(first);
             }
         }
         if i == sample {
