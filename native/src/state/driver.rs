@@ -439,16 +439,23 @@ impl<'a> Stored<'a> {
         (slot.first != EMPTY).then_some(slot.first)
     }
 
-    /// Start loading the first stored record `first` of a partition (guessed from its slot, loaded by
-    /// `ByKey::prefetch` a while before).
-    fn prefetch(&self, first: u32) {
+    /// Start loading the slot of the partition whose key hashes to `h` (`key_hash`) in `by_key`.
+    fn prefetch_slot(&self, h: u64) {
+        self.by_key.prefetch(h);
+    }
+
+    /// Start loading the first stored record of the partition whose key hashes to `h`, as its slot (loaded by
+    /// `prefetch_slot` a while before) guesses it, its key not compared; that record, or `EMPTY` for none.
+    fn prefetch_first(&self, h: u64) -> u32 {
+        let Some(first) = self.by_key.guess(h) else { return EMPTY };
         let (c, i) = self.at(first);
         for col in c.columns() {
             col.prefetch(i);
         }
+        first
     }
 
-    /// Start loading the bytes and cells of stored record `first` (its offsets loaded by `prefetch`), and the
+    /// Start loading the bytes and cells of stored record `first` (its offsets loaded by `prefetch_first`), and the
     /// next of its partition's records.
     fn prefetch_cells(&self, first: u32) {
         let (c, i) = self.at(first);
@@ -1113,9 +1120,9 @@ fn process_run<'a>(em: &Emitter, stored: &Stored<'a>, log: &CellLog<'a>, sorted:
     // order (a state of several files, each over the whole ring, read one after the other; rows in no order)
     // are asked for: in no order at all, that saves a sixth of the engine's time (docs/benchmarks.md, "The
     // round after 70dfef1").
-    let ahead = |i: usize, step: fn(&CellLog, &Stored, &Part, &[Rid])| {
+    let records_ahead = |i: usize, step: fn(&CellLog, Rid)| {
         if let Some(p) = order.get(i) {
-            step(log, stored, p, &sorted[p.recs.clone()]);
+            sorted[p.recs.clone()].iter().for_each(|&r| step(log, r));
         }
     };
     // each partition's key is hashed once, four partitions ahead (its slot asked for then, looked up when its
@@ -1129,21 +1136,17 @@ fn process_run<'a>(em: &Emitter, stored: &Stored<'a>, log: &CellLog<'a>, sorted:
     let stored_forwards = stored.in_order_of(order);
     for (i, part) in order.iter().enumerate() {
         if !forwards {
-            ahead(i + 6, |log, _, _, recs| recs.iter().for_each(|&r| log.prefetch(r)));
-            ahead(i + 5, |log, _, _, recs| recs.iter().for_each(|&r| log.prefetch_data(r)));
+            records_ahead(i + 6, |log, r| log.prefetch(r));
+            records_ahead(i + 5, |log, r| log.prefetch_data(r));
         }
         if let Some(p) = order.get(i + 4) {
             let h = key_hash(p.pk);
             hashes[(i + 4) % AHEAD] = h;
-            stored.by_key.prefetch(h);
+            stored.prefetch_slot(h);
         }
         if !stored_forwards {
             if i + 3 < order.len() {
-                let first = stored.by_key.guess(hashes[(i + 3) % AHEAD]).unwrap_or(EMPTY);
-                firsts[(i + 3) % AHEAD] = first;
-                if first != EMPTY {
-                    stored.prefetch(first);
-                }
+                firsts[(i + 3) % AHEAD] = stored.prefetch_first(hashes[(i + 3) % AHEAD]);
             }
             // (a slot of the rings is read only for a partition that is there: one past the end holds an old one)
             let first = firsts[(i + 2) % AHEAD];
