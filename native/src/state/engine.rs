@@ -68,7 +68,10 @@ impl Clone for RowState<'_> {
         self.deletion = o.deletion;
         self.shadowable = o.shadowable;
         self.cells.clone_from(&o.cells);
-        self.complex.clone_from(&o.complex);
+        // most tables have no complex columns: skip the call that drops nothing
+        if !(self.complex.is_empty() && o.complex.is_empty()) {
+            self.complex.clone_from(&o.complex);
+        }
     }
 }
 
@@ -98,7 +101,9 @@ impl<'a> RowState<'a> {
         self.deletion = None;
         self.shadowable = None;
         self.cells.clear();
-        self.complex.clear();
+        if !self.complex.is_empty() {
+            self.complex.clear();
+        }
     }
 
     pub fn cell(&self, c: ColId) -> Option<&Cell<'a>> {

@@ -393,13 +393,23 @@ fn complex_json(out: &mut String, ty: &Ty, items: &[Item]) -> D<()> {
     }
 }
 
-/// The 32 hex digits of an event id.
-fn hex_id(digest: &[u8; 16]) -> [u8; 32] {
+/// Each byte's two lowercase hex digits.
+const HEX_PAIRS: [[u8; 2]; 256] = {
     const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut t = [[0; 2]; 256];
+    let mut i = 0;
+    while i < 256 {
+        t[i] = [HEX[i >> 4], HEX[i & 15]];
+        i += 1;
+    }
+    t
+};
+
+/// The 32 hex digits of an event id: a byte's pair at a time.
+fn hex_id(digest: &[u8; 16]) -> [u8; 32] {
     let mut out = [0u8; 32];
-    for (i, x) in digest.iter().enumerate() {
-        out[2 * i] = HEX[(x >> 4) as usize];
-        out[2 * i + 1] = HEX[(x & 15) as usize];
+    for (pair, x) in out.chunks_exact_mut(2).zip(digest) {
+        pair.copy_from_slice(&HEX_PAIRS[*x as usize]);
     }
     out
 }

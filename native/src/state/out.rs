@@ -562,7 +562,9 @@ pub fn builder(t: &Ty) -> Out {
     }
 }
 
-/// Append `to_arrow_value(t, t.decode(b))` (None: null).
+/// Append `to_arrow_value(t, t.decode(b))` (None: null). Inlined where it is called: a state row's typed columns
+/// are mostly text and integers, written here; the other types in `arrow_value_other`.
+#[inline(always)]
 pub fn arrow_value(o: &mut Out, t: &Ty, b: Option<&[u8]>) -> D<()> {
     let b = match b {
         None => {
@@ -583,6 +585,28 @@ pub fn arrow_value(o: &mut Out, t: &Ty, b: Option<&[u8]>) -> D<()> {
             }
             o.bytes(b)
         }
+        Ty::Int(size) => {
+            if b.len() != *size as usize {
+                return Err(Doubt);
+            }
+            let x = types::be_int(b);
+            match o {
+                Out::I8 { v, valid } => fixed(v, valid, x as i8),
+                Out::I16 { v, valid } => fixed(v, valid, x as i16),
+                Out::I32 { v, valid } => fixed(v, valid, x as i32),
+                _ => o.i64(x),
+            }
+        }
+        _ => return arrow_value_other(o, t, b),
+    }
+    Ok(())
+}
+
+/// `arrow_value` of a value of any type but text and the integers, not empty where that shows as null.
+#[inline(never)]
+fn arrow_value_other(o: &mut Out, t: &Ty, b: &[u8]) -> D<()> {
+    match t {
+        Ty::Ascii | Ty::Text | Ty::Int(_) => unreachable!("arrow_value writes these"),
         Ty::Blob => o.bytes(b),
         Ty::Custom(f) => {
             if matches!(f, Some(f) if *f as usize != b.len()) {
@@ -620,18 +644,6 @@ pub fn arrow_value(o: &mut Out, t: &Ty, b: Option<&[u8]>) -> D<()> {
             if let Out::Bool { v, valid } = o {
                 v.push(b[0] != 0);
                 valid.push(true);
-            }
-        }
-        Ty::Int(size) => {
-            if b.len() != *size as usize {
-                return Err(Doubt);
-            }
-            let x = types::be_int(b);
-            match o {
-                Out::I8 { v, valid } => fixed(v, valid, x as i8),
-                Out::I16 { v, valid } => fixed(v, valid, x as i16),
-                Out::I32 { v, valid } => fixed(v, valid, x as i32),
-                _ => o.i64(x),
             }
         }
         Ty::Counter => {

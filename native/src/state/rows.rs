@@ -38,11 +38,20 @@ impl<'a> Rows<'a> {
         self.len() == 0
     }
 
-    #[inline]
+    /// `ck`'s place in the list, or where it goes: most partitions hold one row, compared without a search.
+    #[inline(always)]
     fn find(&self, ck: &[u8]) -> Result<usize, usize> {
+        if self.live == 1 {
+            return match self.small[0].0.cmp(&Ck(ck)) {
+                std::cmp::Ordering::Equal => Ok(0),
+                std::cmp::Ordering::Less => Err(1),
+                std::cmp::Ordering::Greater => Err(0),
+            };
+        }
         self.small[..self.live].binary_search_by(|e| e.0.cmp(&Ck(ck)))
     }
 
+    #[inline]
     pub fn get(&self, ck: &[u8]) -> Option<&RowState<'a>> {
         match &self.big {
             Some(b) => b.get(KeyRef::new(ck)),
@@ -51,26 +60,35 @@ impl<'a> Rows<'a> {
     }
 
     /// The row `ck`, created empty when missing.
+    #[inline]
     pub fn entry(&mut self, ck: Ck<'a>) -> &mut RowState<'a> {
         if self.big.is_none() {
             match self.find(&ck) {
                 Ok(i) => return &mut self.small[i].1,
-                Err(i) if self.live < SMALL_MAX => {
-                    if self.live == self.small.len() {
-                        self.small.push((ck, RowState::default()));
-                    } else {
-                        let spare = &mut self.small[self.live];
-                        spare.0 = ck;
-                        spare.1.reset();
-                    }
-                    // the new entry (the first spare) to its place
-                    self.small[i..=self.live].rotate_right(1);
-                    self.live += 1;
-                    return &mut self.small[i].1;
-                }
-                Err(_) => self.grow(),
+                Err(i) => return self.insert(i, ck),
             }
         }
+        self.big.as_mut().expect("a B-tree").entry(ck).or_default()
+    }
+
+    /// A new empty row `ck` at place `i` of the list (in the B-tree, past `SMALL_MAX` rows): `entry`'s less
+    /// common path, out of line.
+    #[inline(never)]
+    fn insert(&mut self, i: usize, ck: Ck<'a>) -> &mut RowState<'a> {
+        if self.live < SMALL_MAX {
+            if self.live == self.small.len() {
+                self.small.push((ck, RowState::default()));
+            } else {
+                let spare = &mut self.small[self.live];
+                spare.0 = ck;
+                spare.1.reset();
+            }
+            // the new entry (the first spare) to its place
+            self.small[i..=self.live].rotate_right(1);
+            self.live += 1;
+            return &mut self.small[i].1;
+        }
+        self.grow();
         self.big.as_mut().expect("grown").entry(ck).or_default()
     }
 

@@ -168,7 +168,10 @@ impl Table {
         t
     }
 
-    /// The id of a column name (a new `Unknown` column for names the schema does not have).
+    /// The id of a column name (a new `Unknown` column for names the schema does not have). Inlined where it is
+    /// called, once per record: the names of the last few lookups answer nearly all (`recent`); the map, out of
+    /// line, the others.
+    #[inline(always)]
     pub fn col(&mut self, name: &[u8]) -> ColId {
         let key = NameKey::of(name);
         if let Some(&(_, id)) = self.recent.iter().find(|r| r.0 == key) {
@@ -178,6 +181,12 @@ impl Table {
                 return id;
             }
         }
+        self.col_by_map(name, key)
+    }
+
+    /// `col` of a name not among the recent ones.
+    #[inline(never)]
+    fn col_by_map(&mut self, name: &[u8], key: NameKey) -> ColId {
         let id = match self.by_name.get(name) {
             Some(&id) => id,
             None => self.unknown(name),
@@ -219,10 +228,18 @@ impl Table {
     }
 
     /// `items`, sorted by column id, in column-name order (sorted again only when ids do not follow names).
+    #[inline(always)]
     pub fn in_name_order<'x, T>(&self, items: &'x [(ColId, T)]) -> NameOrder<'x, T> {
         if self.ids_by_name || items.len() < 2 {
             return NameOrder::AsTheyAre(items.iter());
         }
+        self.sorted_by_name(items)
+    }
+
+    /// `in_name_order` when the ids do not follow the names (columns the schema did not know when the ids were
+    /// given), out of line: the hot callers inline only the test above.
+    #[inline(never)]
+    fn sorted_by_name<'x, T>(&self, items: &'x [(ColId, T)]) -> NameOrder<'x, T> {
         let mut v: Vec<&(ColId, T)> = items.iter().collect();
         v.sort_by(|a, b| self.name_of(a.0).cmp(self.name_of(b.0)));
         NameOrder::Sorted(v.into_iter())

@@ -30,7 +30,7 @@ pub fn json_text(out: &mut String, b: &[u8]) -> Result<(), std::str::Utf8Error> 
 /// neither a UTF-8 check nor escapes); false, writing nothing, otherwise.
 #[inline]
 fn json_plain(b: &[u8], out: &mut String) -> bool {
-    if !b.iter().all(|&c| (0x20..0x7f).contains(&c) && c != b'"' && c != b'\\') {
+    if !all_plain(b) {
         return false;
     }
     // SAFETY: printable ASCII
@@ -40,6 +40,58 @@ fn json_plain(b: &[u8], out: &mut String) -> bool {
     crate::columns::append(v, b);
     v.push(b'"');
     true
+}
+
+/// Whether every byte of `b` is printable ASCII (0x20 to 0x7e) other than `"` and `\\`: eight bytes at a time (a
+/// value's text is most of what an event's JSON checks), each word tested at once for the bytes that are not.
+#[inline]
+fn all_plain(b: &[u8]) -> bool {
+    let n = b.len();
+    let p = b.as_ptr();
+    // SAFETY: every read is within b[..n]: words of 8 at 8-byte steps and the last 8 (for n >= 8), the first and
+    // last 4 (4 <= n < 8), or the first, middle and last byte (1 <= n < 4); a byte read twice is tested twice
+    unsafe {
+        match n {
+            0 => true,
+            1..=3 => {
+                let x = *p as u64 | (*p.add(n / 2) as u64) << 8 | (*p.add(n - 1) as u64) << 16;
+                plain_word(x | SPACES << 24)
+            }
+            4..=7 => plain_word(p.cast::<u32>().read_unaligned() as u64
+                | (p.add(n - 4).cast::<u32>().read_unaligned() as u64) << 32),
+            _ => {
+                let mut flags = 0;
+                let mut i = 0;
+                while i + 8 <= n {
+                    flags |= not_plain(p.add(i).cast::<u64>().read_unaligned());
+                    i += 8;
+                }
+                flags |= not_plain(p.add(n - 8).cast::<u64>().read_unaligned());
+                flags == 0
+            }
+        }
+    }
+}
+
+const ONES: u64 = 0x0101_0101_0101_0101;
+const HIGHS: u64 = 0x8080_8080_8080_8080;
+/// Eight spaces (plain): what fills a word of fewer bytes.
+const SPACES: u64 = ONES * 0x20;
+
+#[inline(always)]
+fn plain_word(x: u64) -> bool {
+    not_plain(x) == 0
+}
+
+/// Not zero when a byte of `x` is not plain (`all_plain`): at or above 0x80, below 0x20 (with every byte below
+/// 0x80, `(x - 0x20..) & !x` has a top bit set exactly when one is), or equal to `"`, `\\` or 0x7f (a zero byte of
+/// `x ^ c..`). Which bytes it flags is not exact; whether any is.
+#[inline(always)]
+fn not_plain(x: u64) -> u64 {
+    let zero_in = |y: u64| y.wrapping_sub(ONES) & !y;
+    let below_space = x.wrapping_sub(SPACES) & !x;
+    (x | below_space | zero_in(x ^ (ONES * b'"' as u64)) | zero_in(x ^ (ONES * b'\\' as u64))
+        | zero_in(x ^ (ONES * 0x7f))) & HIGHS
 }
 
 fn json_escaped(out: &mut String, s: &str) {
@@ -498,11 +550,31 @@ unsafe fn put8(p: *mut u8, n: u32) {
     }
 }
 
+/// 10^0 to 10^19.
+const POW10: [u64; 20] = {
+    let mut p = [1u64; 20];
+    let mut i = 1;
+    while i < 20 {
+        p[i] = p[i - 1] * 10;
+        i += 1;
+    }
+    p
+};
+
+/// How many decimal digits `n` has (none for 0): from its bit length (log10(2) is about 1233 / 4096, which gives
+/// the count or one less for every u64) and one compare, where `u64::ilog10` takes a chain of them.
+#[inline(always)]
+fn decimal_digits(n: u64) -> usize {
+    let bits = 64 - (n | 1).leading_zeros();
+    let guess = ((bits * 1233) >> 12) as usize;
+    guess + (n >= POW10[guess]) as usize
+}
+
 /// `n` in decimal, zero-padded to at least `width` digits, written straight into the string's buffer: an event
 /// writes a dozen integers of 10 to 16 digits (timestamps, positions), eight digits at a time in 32-bit
 /// arithmetic rather than two at a time in 64-bit.
 fn push_u64(out: &mut String, mut n: u64, width: usize) {
-    let digits = (n.checked_ilog10().unwrap_or(0) as usize + 1).max(width);
+    let digits = decimal_digits(n).max(width);
     // SAFETY: only ASCII digits are written, into capacity reserved here (the chunks of eight are written within
     // the digits' room: the first from position digits - 8 on only when there are at least eight), and the length
     // is set after them
@@ -557,6 +629,56 @@ pub fn push_hex(out: &mut String, b: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn decimal_digits_are_counted_at_every_power_of_two_and_ten() {
+        let mut edges = vec![0, 1, u64::MAX, u64::MAX - 1];
+        for k in 0..64 {
+            edges.extend([(1u64 << k) - 1, 1 << k, (1u64 << k).saturating_add(1)]);
+        }
+        for p in POW10 {
+            edges.extend([p - 1, p, p + 1]);
+        }
+        for n in edges {
+            let digits = if n == 0 { 0 } else { n.to_string().len() };
+            assert_eq!(decimal_digits(n), digits, "{n}");
+            let mut s = String::new();
+            push_u64(&mut s, n, 1);
+            assert_eq!(s, n.to_string());
+            s.clear();
+            push_u64(&mut s, n, 12);
+            assert_eq!(s, format!("{n:012}"));
+        }
+    }
+
+    #[test]
+    fn plain_bytes_are_told_word_by_word_as_byte_by_byte() {
+        let plain = |b: &[u8]| b.iter().all(|&c| (0x20..0x7f).contains(&c) && c != b'"' && c != b'\\');
+        // every byte value at every place of texts of 0 to 19 bytes, the others plain (two kinds of background:
+        // letters, and bytes next to the edges of the plain range)
+        for background in [b'a', b' ', b'~', b'!', b'#', b'[', b']'] {
+            for n in 0..20 {
+                assert!(all_plain(&vec![background; n]));
+                for at in 0..n {
+                    for x in 0..=255u8 {
+                        let mut b = vec![background; n];
+                        b[at] = x;
+                        assert_eq!(all_plain(&b), plain(&b), "{b:?}");
+                    }
+                }
+            }
+        }
+        // two bytes that are not plain in one word, and a borrow from one byte into the next
+        for (x, y) in [(0x00, 0x80), (0x1f, 0x7f), (b'"', b'\\'), (0x20, 0x00), (0xff, 0x01)] {
+            for n in 2..20 {
+                for at in 0..n - 1 {
+                    let mut b = vec![b'a'; n];
+                    (b[at], b[at + 1]) = (x, y);
+                    assert_eq!(all_plain(&b), plain(&b), "{b:?}");
+                }
+            }
+        }
+    }
 
     fn repr(v: f64) -> String {
         let mut s = String::new();

@@ -418,19 +418,38 @@ pub fn format_inet(out: &mut String, b: &[u8]) -> D<()> {
 // ---- JSON ----------------------------------------------------------------------------------------------------
 
 /// `json.dumps(t.to_json(t.decode(b)))` with the outbox's separators (`(",", ":")`, `ensure_ascii=False`).
+/// Inlined where it is called: an event's values are mostly text and integers, written here; the other types in
+/// `json_value_other`.
+#[inline(always)]
 pub fn json_value(out: &mut String, t: &Ty, b: &[u8]) -> D<()> {
     if b.is_empty() && !t.empty_is_value() {
         out.push_str(EMPTY_JSON_COMPACT);
         return Ok(());
     }
     match t {
+        Ty::Text => text::json_text(out, b).map_err(|_| Doubt)?,
+        Ty::Int(size) => {
+            if b.len() != *size as usize {
+                return Err(Doubt);
+            }
+            text::push_i64(out, be_int(b));
+        }
+        _ => return json_value_other(out, t, b),
+    }
+    Ok(())
+}
+
+/// `json_value` of a value of any type but text and the integers, not empty where that shows as `EMPTY`.
+#[inline(never)]
+fn json_value_other(out: &mut String, t: &Ty, b: &[u8]) -> D<()> {
+    match t {
+        Ty::Text | Ty::Int(_) => unreachable!("json_value writes these"),
         Ty::Ascii => {
             if !b.is_ascii() {
                 return Err(Doubt);
             }
             text::json_str(out, std::str::from_utf8(b).unwrap());
         }
-        Ty::Text => text::json_text(out, b).map_err(|_| Doubt)?,
         Ty::Blob => hex(out, b),
         Ty::Custom(fixed) => {
             if matches!(fixed, Some(f) if *f as usize != b.len()) {
@@ -443,12 +462,6 @@ pub fn json_value(out: &mut String, t: &Ty, b: &[u8]) -> D<()> {
                 return Err(Doubt);
             }
             out.push_str(if b[0] != 0 { "true" } else { "false" });
-        }
-        Ty::Int(size) => {
-            if b.len() != *size as usize {
-                return Err(Doubt);
-            }
-            text::push_i64(out, be_int(b));
         }
         Ty::Counter => push_int(out, counter_total(b)?),
         Ty::Varint => match text::bigint_i128(b) {
