@@ -248,6 +248,33 @@ def test_the_installed_engine_times_no_phases():
     assert cdc_native.phase_times() is None
 
 
+def test_engine_ab_times_builds_in_turn_and_refuses_one_that_answers_differently(capsys, monkeypatch):
+    """``benchmarks/engine_ab.py`` compares builds only when their outputs are equal: a build whose events differ
+    from the first's fails the run before any build is timed."""
+    import importlib.util
+    monkeypatch.setenv("CASSANDRA_CDC_NATIVE", "1")       # engine_ab sets it; restored after the test
+    path = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "engine_ab.py")
+    spec = importlib.util.spec_from_file_location("engine_ab", path)
+    engine_ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(engine_ab)
+    args = ["installed", "installed", "--changes", "3000", "--pairs", "1"]
+    assert engine_ab.main(args) == 0
+    out = capsys.readouterr().out
+    assert "outputs: equal" in out and out.count("round by round: median") == 2
+
+    real, calls = engine_ab.call, []
+
+    def second_differs(module, *rest):
+        wall, cpu, (events, source, changed) = real(module, *rest)
+        calls.append(module)
+        return wall, cpu, (events.slice(1) if len(calls) == 2 else events, source, changed)
+    monkeypatch.setattr(engine_ab, "call", second_differs)
+    assert engine_ab.main(args) == 1
+    captured = capsys.readouterr()
+    assert "answers differently" in captured.err and "round by round" not in captured.out
+    assert len(calls) == 2
+
+
 def test_the_comparison_sees_events_and_rows_from_the_compiled_engine():
     """The workloads give the compiled engine real work: events and rows, not partitions handed back."""
     with compiled_calls() as calls:
