@@ -80,9 +80,11 @@ impl<'a> CellLog<'a> {
         (&self.chunks[r.chunk as usize], r.row as usize)
     }
 
-    fn rec(&self, r: Rid) -> Option<Rec<'a>> {
+    /// `LogChunk::push_rec` of record `r`.
+    #[inline]
+    fn push_rec(&self, r: Rid, out: &mut Vec<Rec<'a>>) -> bool {
         let (c, i) = self.at(r);
-        c.rec(i)
+        c.push_rec(i, out)
     }
 
     /// Each record batch's `partition_key` and `token` columns.
@@ -177,23 +179,23 @@ impl<'a> LogChunk<'a> {
         }).collect();
     }
 
-    /// The record as the engine applies it (its column name known to `t`: `intern`); None for a kind it does not
-    /// know (the Python engine says what is wrong with it).
-    fn rec(&self, i: usize) -> Option<Rec<'a>> {
-        let (clustering_end, start_incl, end_incl) =
-            (self.clustering_end.opt_bytes(i), self.start_incl.opt_bool(i), self.end_incl.opt_bool(i));
-        Some(Rec {
+    /// Push record `i` onto `out` as the engine applies it (its column name known to `t`: `intern`), written in
+    /// place rather than handed back and moved (a `Rec` is about 180 bytes); false, pushing nothing, for a kind the
+    /// engine does not know (the Python engine says what is wrong with it).
+    #[inline]
+    fn push_rec(&self, i: usize, out: &mut Vec<Rec<'a>>) -> bool {
+        let Some(kind) = Kind::parse(self.kind.bytes(i)) else {
+            return false;
+        };
+        out.push(Rec {
             segment: self.segment.bytes(i),
             segment_id: self.segment_id.i64(i),
             position: self.position.i64(i),
             entry_index: self.entry_index.i32(i),
             seq: self.seq.i32(i),
-            kind: Kind::parse(self.kind.bytes(i))?,
+            kind,
             clustering: self.clustering.bytes(i),
-            clustering_end: clustering_end.unwrap_or(b""),
-            start_incl: start_incl.unwrap_or(false),
-            end_incl: end_incl.unwrap_or(false),
-            bounds: (clustering_end, start_incl, end_incl),
+            bounds: (self.clustering_end.opt_bytes(i), self.start_incl.opt_bool(i), self.end_incl.opt_bool(i)),
             is_static: self.is_static.bool(i),
             column: match self.col_ids[i] {
                 NO_COLUMN => None,
@@ -205,7 +207,8 @@ impl<'a> LogChunk<'a> {
             ttl: self.ttl.i32(i),
             ldt: self.ldt.i64(i),
             mid: self.mid.opt_bytes(i),
-        })
+        });
+        true
     }
 }
 
@@ -1060,10 +1063,11 @@ impl Run {
 fn partition_records<'a>(log: &CellLog<'a>, rids: &[Rid], out: &mut Vec<Rec<'a>>) -> bool {
     out.clear();
     let mut known = true;
-    // a copy replaces the kept one when its source is smaller
-    let keep = |out: &mut Vec<Rec<'a>>, slot: Option<usize>, rec: Rec<'a>| match slot {
-        None => out.push(rec),
-        Some(k) => {
+    // each record is written onto `out`; a copy of one kept before it is taken off again, and replaces the kept
+    // one when its source is smaller
+    let settle = |out: &mut Vec<Rec<'a>>, slot: Option<usize>| {
+        if let Some(k) = slot {
+            let rec = out.pop().expect("the record just pushed");
             if rec.source() < out[k].source() {
                 out[k] = rec;
             }
@@ -1071,28 +1075,30 @@ fn partition_records<'a>(log: &CellLog<'a>, rids: &[Rid], out: &mut Vec<Rec<'a>>
     };
     if rids.len() <= 16 {
         for &r in rids {
-            let Some(rec) = log.rec(r) else {
+            if !log.push_rec(r, out) {
                 known = false;
                 continue;
-            };
-            let slot = out.iter().position(|k| k.same(&rec));
-            keep(out, slot, rec);
+            }
+            let (rec, kept) = out.split_last().expect("the record just pushed");
+            let slot = kept.iter().position(|k| k.same(rec));
+            settle(out, slot);
         }
     } else {
         let mut first = FxMap::with_capacity_and_hasher(rids.len(), Default::default());
         for &r in rids {
-            let Some(rec) = log.rec(r) else {
+            if !log.push_rec(r, out) {
                 known = false;
                 continue;
-            };
-            let slot = match first.entry(rec.identity()) {
+            }
+            let last = out.len() - 1;
+            let slot = match first.entry(out[last].identity()) {
                 std::collections::hash_map::Entry::Vacant(v) => {
-                    v.insert(out.len());
+                    v.insert(last);
                     None
                 }
                 std::collections::hash_map::Entry::Occupied(o) => Some(*o.get()),
             };
-            keep(out, slot, rec);
+            settle(out, slot);
         }
     }
     known

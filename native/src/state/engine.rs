@@ -184,7 +184,17 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// The kind a record's `kind` names: a cell, nearly always, told by one compare; the others out of line.
+    #[inline(always)]
     pub fn parse(s: &[u8]) -> Option<Kind> {
+        if s.len() == 4 && u32::from_ne_bytes([s[0], s[1], s[2], s[3]]) == u32::from_ne_bytes(*b"cell") {
+            return Some(Kind::Cell);
+        }
+        Kind::parse_other(s)
+    }
+
+    #[inline(never)]
+    fn parse_other(s: &[u8]) -> Option<Kind> {
         Some(match s {
             b"cell" => Kind::Cell,
             b"cell_tombstone" => Kind::CellTombstone,
@@ -210,10 +220,8 @@ pub struct Rec<'a> {
     pub seq: i32,
     pub kind: Kind,
     pub clustering: &'a [u8],
-    pub clustering_end: &'a [u8],
-    pub start_incl: bool,
-    pub end_incl: bool,
-    /// the bounds' columns as the record has them (null for any kind but a range tombstone): part of the identity
+    /// a range tombstone's end, whether its start and end are inclusive (`clustering_end`, `start_inclusive`,
+    /// `end_inclusive`), as the record has them: null for any other kind. Part of the identity
     pub bounds: (Option<&'a [u8]>, Option<bool>, Option<bool>),
     pub is_static: bool,
     pub column: Option<ColId>,
@@ -533,7 +541,8 @@ pub fn apply_record<'a>(t: &Table, part: &mut PartitionState<'a>, rec: &Rec<'a>)
         return Ok(Changed::Nothing);
     }
     if rec.kind == Kind::RangeTombstone {
-        let rk: RtKey<'a> = (rec.clustering, rec.start_incl, rec.clustering_end, rec.end_incl);
+        let (end, start_incl, end_incl) = rec.bounds;
+        let rk: RtKey<'a> = (rec.clustering, start_incl.unwrap_or(false), end.unwrap_or(b""), end_incl.unwrap_or(false));
         let d = (ts, ldt);
         if matches!(part.rt(&rk), Some(cur) if cur >= d) {
             return Ok(Changed::Nothing);
