@@ -180,7 +180,7 @@ impl<'a> LogChunk<'a> {
     }
 
     /// Push record `i` onto `out` as the engine applies it (its column name known to `t`: `intern`), written in
-    /// place rather than handed back and moved (a `Rec` is about 180 bytes); false, pushing nothing, for a kind the
+    /// place rather than handed back and moved (a `Rec` is 160 bytes); false, pushing nothing, for a kind the
     /// engine does not know (the Python engine says what is wrong with it).
     #[inline]
     fn push_rec(&self, i: usize, out: &mut Vec<Rec<'a>>) -> bool {

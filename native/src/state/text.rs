@@ -42,7 +42,7 @@ fn json_plain(b: &[u8], out: &mut String) -> bool {
     true
 }
 
-/// Whether every byte of `b` is printable ASCII (0x20 to 0x7e) other than `"` and `\\`: eight bytes at a time (a
+/// Whether every byte of `b` is printable ASCII (0x20 to 0x7e) other than `"` and `\`: eight bytes at a time (a
 /// value's text is most of what an event's JSON checks), each word tested at once for the bytes that are not.
 #[inline]
 fn all_plain(b: &[u8]) -> bool {
@@ -84,7 +84,7 @@ fn plain_word(x: u64) -> bool {
 }
 
 /// Not zero when a byte of `x` is not plain (`all_plain`): at or above 0x80, below 0x20 (with every byte below
-/// 0x80, `(x - 0x20..) & !x` has a top bit set exactly when one is), or equal to `"`, `\\` or 0x7f (a zero byte of
+/// 0x80, `(x - 0x20..) & !x` has a top bit set exactly when one is), or equal to `"`, `\` or 0x7f (a zero byte of
 /// `x ^ c..`). Which bytes it flags is not exact; whether any is.
 #[inline(always)]
 fn not_plain(x: u64) -> u64 {
@@ -654,8 +654,8 @@ mod tests {
     #[test]
     fn plain_bytes_are_told_word_by_word_as_byte_by_byte() {
         let plain = |b: &[u8]| b.iter().all(|&c| (0x20..0x7f).contains(&c) && c != b'"' && c != b'\\');
-        // every byte value at every place of texts of 0 to 19 bytes, the others plain (two kinds of background:
-        // letters, and bytes next to the edges of the plain range)
+        // every byte value at every place of texts of 0 to 19 bytes, the others plain (letters, or bytes next to
+        // the edges of the plain range)
         for background in [b'a', b' ', b'~', b'!', b'#', b'[', b']'] {
             for n in 0..20 {
                 assert!(all_plain(&vec![background; n]));
