@@ -10,7 +10,7 @@ use super::images::{in_path_order, ImageSet, Img, Item, RowKey, IV};
 use super::out::{Events, PendingId};
 use super::phases::{Clock, Phase};
 use super::table::{ColId, Role, Table};
-use super::text::{json_str, push_i128, push_i64, push_text};
+use super::text::{hex_into, json_str, push_i128, push_i64, push_text};
 use super::types::{self, Doubt, Ty, D};
 
 /// What the caller gives every event: who and when.
@@ -393,24 +393,10 @@ fn complex_json(out: &mut String, ty: &Ty, items: &[Item]) -> D<()> {
     }
 }
 
-/// Each byte's two lowercase hex digits.
-const HEX_PAIRS: [[u8; 2]; 256] = {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut t = [[0; 2]; 256];
-    let mut i = 0;
-    while i < 256 {
-        t[i] = [HEX[i >> 4], HEX[i & 15]];
-        i += 1;
-    }
-    t
-};
-
-/// The 32 hex digits of an event id: a byte's pair at a time.
+/// The 32 hex digits of an event id.
 fn hex_id(digest: &[u8; 16]) -> [u8; 32] {
     let mut out = [0u8; 32];
-    for (pair, x) in out.chunks_exact_mut(2).zip(digest) {
-        pair.copy_from_slice(&HEX_PAIRS[*x as usize]);
-    }
+    hex_into(&mut out, digest);
     out
 }
 

@@ -611,18 +611,35 @@ fn push_u64(out: &mut String, mut n: u64, width: usize) {
     }
 }
 
-const HEX: &[u8; 16] = b"0123456789abcdef";
+/// Each byte's two lowercase hex digits.
+const HEX_PAIRS: [[u8; 2]; 256] = {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut t = [[0; 2]; 256];
+    let mut i = 0;
+    while i < 256 {
+        t[i] = [HEX[i >> 4], HEX[i & 15]];
+        i += 1;
+    }
+    t
+};
+
+/// The two lowercase hex digits of each byte of `b` into `dst` (twice as long), a byte's pair at a time.
+#[inline]
+pub fn hex_into(dst: &mut [u8], b: &[u8]) {
+    debug_assert_eq!(dst.len(), 2 * b.len());
+    for (pair, x) in dst.chunks_exact_mut(2).zip(b) {
+        pair.copy_from_slice(&HEX_PAIRS[*x as usize]);
+    }
+}
 
 /// Two lowercase hex digits per byte.
 pub fn push_hex(out: &mut String, b: &[u8]) {
     let mut buf = [0u8; 64];
     for chunk in b.chunks(32) {
-        for (i, &x) in chunk.iter().enumerate() {
-            buf[2 * i] = HEX[(x >> 4) as usize];
-            buf[2 * i + 1] = HEX[(x & 15) as usize];
-        }
+        let digits = &mut buf[..2 * chunk.len()];
+        hex_into(digits, chunk);
         // SAFETY: hex digits are ASCII
-        out.push_str(unsafe { std::str::from_utf8_unchecked(&buf[..2 * chunk.len()]) });
+        out.push_str(unsafe { std::str::from_utf8_unchecked(digits) });
     }
 }
 
