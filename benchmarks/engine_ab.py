@@ -101,35 +101,40 @@ def main(argv=None) -> int:
     cells, stored, n_new = bench_merge.engine_batch(table, a.changes, a.new_fraction, a.seed, "pipeline")
     if a.state_order == "shuffled":
         stored = stored.take(pa.array(np.random.default_rng(a.seed).permutation(stored.num_rows)))
-    with tempfile.TemporaryDirectory(prefix="engine-ab-") as scratch:
-        modules = [load(b, Path(scratch)) for b in a.builds]
-        print(f"{a.changes:,} changes ({n_new:,} new), {stored.num_rows:,} stored rows in {a.state_order} order; "
-              f"{a.pairs} rounds")
-        reference = None
-        for build, module in zip(a.builds, modules):       # each build once before the rounds, outputs compared
-            _, _, (events, source, changed) = call(module, table, cells, stored)
-            if reference is None:
-                reference = (events, source, changed)
-            elif not (events.equals(reference[0]) and source.equals(reference[1]) and changed == reference[2]):
-                print(f"engine_ab: {build} answers differently from {a.builds[0]}", file=sys.stderr)
-                return 1
-            del events, source
-        print("outputs: equal (events and MERGE source rows)")
-        del reference
-        cpu = {b: [] for b in a.builds}
-        wall = {b: [] for b in a.builds}
-        for i in range(a.pairs):
-            turn = list(zip(a.builds, modules))
-            for build, module in (turn if i % 2 == 0 else turn[::-1]):
-                w, c, out = call(module, table, cells, stored)
-                del out
-                wall[build].append(w)
-                cpu[build].append(c)
+    original = celllog_native._native       # each call swaps the build in (`call`); put back after
+    try:
+        with tempfile.TemporaryDirectory(prefix="engine-ab-") as scratch:
+            modules = [load(b, Path(scratch)) for b in a.builds]
+            print(f"{a.changes:,} changes ({n_new:,} new), {stored.num_rows:,} stored rows in {a.state_order} "
+                  f"order; {a.pairs} rounds")
+            reference = None
+            for build, module in zip(a.builds, modules):       # each build once before the rounds, outputs compared
+                _, _, (events, source, changed) = call(module, table, cells, stored)
+                if reference is None:
+                    reference = (events, source, changed)
+                elif not (events.equals(reference[0]) and source.equals(reference[1]) and changed == reference[2]):
+                    print(f"engine_ab: {build} answers differently from {a.builds[0]}", file=sys.stderr)
+                    return 1
+                del events, source
+            print("outputs: equal (events and MERGE source rows)")
+            del reference
+            # by place in the list, not by name: the same build may be named twice (a control against itself)
+            cpu = [[] for _ in modules]
+            wall = [[] for _ in modules]
+            for i in range(a.pairs):
+                turn = list(enumerate(modules))
+                for k, module in (turn if i % 2 == 0 else turn[::-1]):
+                    w, c, out = call(module, table, cells, stored)
+                    del out
+                    wall[k].append(w)
+                    cpu[k].append(c)
+    finally:
+        celllog_native._native = original
     base = a.builds[0]
-    for build in a.builds:
-        ratios = [c / b for c, b in zip(cpu[build], cpu[base])]
-        print(f"{build}: CPU median {statistics.median(cpu[build]):.3f} s, wall median "
-              f"{statistics.median(wall[build]):.3f} s; CPU against {base} round by round: median "
+    for k, build in enumerate(a.builds):
+        ratios = [c / b for c, b in zip(cpu[k], cpu[0])]
+        print(f"{build}: CPU median {statistics.median(cpu[k]):.3f} s, wall median "
+              f"{statistics.median(wall[k]):.3f} s; CPU against {base} round by round: median "
               f"{statistics.median(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f})")
     return 0
 

@@ -257,12 +257,27 @@ def test_engine_ab_times_builds_in_turn_and_refuses_one_that_answers_differently
     spec = importlib.util.spec_from_file_location("engine_ab", path)
     engine_ab = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(engine_ab)
-    args = ["installed", "installed", "--changes", "3000", "--pairs", "1"]
+    from cdc_lib.celllog import native as celllog_native
+    args = ["installed", "installed", "--changes", "3000", "--pairs", "2"]
+    real, timed = engine_ab.call, []
+
+    def counted(module, *rest):
+        # the CPU seconds a call reports: its number (the 3rd to the 6th are the rounds' calls)
+        timed.append(module)
+        wall, _, out = real(module, *rest)
+        return wall, float(len(timed)), out
+    monkeypatch.setattr(engine_ab, "call", counted)
+    before = celllog_native._native
     assert engine_ab.main(args) == 0
     out = capsys.readouterr().out
     assert "outputs: equal" in out and out.count("round by round: median") == 2
+    # once each before the rounds, then once each a round, in turn (A B, then B A): a build named twice is timed
+    # as two, the second's calls 4 and 5 against the first's 3 and 6
+    assert len(timed) == 2 + 2 * 2
+    assert "installed: CPU median 4.500 s" in out and "median 1.083 (range 0.833-1.333)" in out
+    assert celllog_native._native is before
 
-    real, calls = engine_ab.call, []
+    calls = []
 
     def second_differs(module, *rest):
         wall, cpu, (events, source, changed) = real(module, *rest)
