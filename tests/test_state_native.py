@@ -32,7 +32,7 @@ from test_state_rules import make_table as make_rules_table
 
 from cdc_lib.celllog.records import mutation_records
 from cdc_lib.celllog.schema import CELL_LOG_SCHEMA
-from cdc_lib.commitlog.model import Cell, DeletionTime, Mutation, PartitionUpdate, Row
+from cdc_lib.commitlog.model import Cell, DeletionTime, LivenessInfo, Mutation, PartitionUpdate, Row
 from cdc_lib.commitlog.mutation import finish_update
 from cdc_lib.cql.schema import REGULAR, STATIC, ColumnMask, ColumnMetadata, DroppedColumn, TableMetadata
 from cdc_lib.cql.tokens import token as murmur3_token
@@ -176,6 +176,26 @@ def test_compiled_engine_keeps_the_counter_shards_a_later_deletion_uncovers():
                [mutation(2, Row(clustering, deletion=DeletionTime(20, 5)))]]
     seen = compare_batches(table, batches, random.Random(0), threads=1, label="counter shards")
     assert seen["events"] == 2      # c (n = 12), then u (12 -> 9)
+
+
+def test_a_counter_write_of_no_shard_on_a_stored_row_is_written_back_as_the_python_engine_writes_it():
+    """A counter cell whose context holds no shard, on a stored row without that counter: both engines leave an
+    empty entry for the column, which shows in no image (no event), and the partition changed, so its state rows
+    are written back. The compiled engine keeps no copy of the stored state to compare with: it must learn of the
+    change from applying the record (``Changed::Silently``)."""
+    table = make_rules_table(counter=True)
+    clustering = (table.clustering[0].type.encode(1),)
+
+    def mutation(i, row):
+        u = finish_update(PartitionUpdate(table.id, RULES_PK, table, unfiltereds=[row]))
+        return Mutation([u], "CommitLog-7-1.log", 1, 100 + i, mutation_id=bytes([i]) * 16)
+    batches = [[mutation(0, Row(clustering, liveness=LivenessInfo(10)))],
+               [mutation(1, Row(clustering, cells=[Cell("n", encode_counter_context([]), 20)]))]]
+    # seed 10: `now` stays where it was for the second batch, so no TTL sweep makes the partition count as changed
+    seen = compare_batches(table, batches, random.Random(10), threads=1, label="counter of no shard")
+    assert seen["events"] == 1      # the row's creation; the empty counter shows nowhere
+    assert seen["rows"] == 2        # the row written by each batch
+    assert seen["python partitions"] == 0
 
 
 def _on_one_thread_and_on_two(table, log: pa.Table) -> tuple:

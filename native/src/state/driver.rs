@@ -573,8 +573,8 @@ impl<'a> Stored<'a> {
     }
 }
 
-/// `process_partition` for one partition: its events written into `events`, its new state in `w.state` (from
-/// its stored one in `w.prior`, filled by the caller); whether it must be written back (`clock` times its
+/// `process_partition` for one partition: its events written into `events`, its new state in `w.state` (its
+/// stored one decoded there by the caller); whether it must be written back (`clock` times its
 /// phases: `phases`).
 fn process_partition<'a>(em: &Emitter, pk: &[u8], recs: &[Rec<'a>], w: &mut Work<'a>, s: &Settings,
                          events: &mut Events, clock: &mut Clock) -> D<bool> {
@@ -1178,7 +1178,7 @@ fn process_run<'a>(em: &Emitter, stored: &Stored<'a>, log: &CellLog<'a>, sorted:
             continue;
         }
         clock.lap(Phase::PartitionRecords);
-        work.has_prior = stored.partition(pk, hashes[i % AHEAD], &mut work.prior)?;
+        work.has_prior = stored.partition(pk, hashes[i % AHEAD], &mut work.state)?;
         clock.lap(Phase::PartitionStored);
         let mark = out.state.n;
         let events_mark = out.events.len();
@@ -1186,7 +1186,7 @@ fn process_run<'a>(em: &Emitter, stored: &Stored<'a>, log: &CellLog<'a>, sorted:
         let done = process_partition(em, pk, &recs, &mut work, s, &mut out.events, &mut clock).and_then(|changed| {
             if changed {
                 work.final_images(em, s.now)?;
-                let prior = work.has_prior.then_some(&work.prior);
+                let prior = work.has_prior.then_some(&work.stored);
                 out.state.change_rows(t, pk, token, prior, &work.state, &work.after, s.now, s.batch_seq)?;
             }
             clock.lap(Phase::PartitionStateRows);

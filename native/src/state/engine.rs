@@ -78,8 +78,19 @@ impl Clone for RowState<'_> {
 /// A range tombstone's bounds: (start, start inclusive, end, end inclusive), borrowed from the batch's input.
 pub type RtKey<'a> = (&'a [u8], bool, &'a [u8], bool);
 
-/// One partition's state (`reconcile.PartitionState`). A thread keeps two, the stored state and the one the
-/// batch changes, and refills them for each partition (`clear`, `copy_from`): their lists keep their room.
+/// What the MERGE source rows need of a partition's stored state once a batch has changed it
+/// (`state_rows::StateRows::change_rows`): which of its records the new state may no longer hold.
+#[derive(Default, Debug)]
+pub struct StoredShape<'a> {
+    /// a partition record: a partition deletion or range tombstones
+    pub partition_record: bool,
+    pub static_row: bool,
+    /// the clustering rows' keys, in key order
+    pub rows: Vec<Ck<'a>>,
+}
+
+/// One partition's state (`reconcile.PartitionState`). A thread keeps one, into which each partition's stored
+/// state is decoded and which its batch then changes, cleared for the next (`clear`): its lists keep their room.
 #[derive(PartialEq, Debug, Default)]
 pub struct PartitionState<'a> {
     pub deletion: Option<Del>,
@@ -146,12 +157,12 @@ impl<'a> PartitionState<'a> {
         self.rows.clear();
     }
 
-    /// Become a copy of `o`, in this state's buffers.
-    pub fn copy_from(&mut self, o: &PartitionState<'a>) {
-        self.deletion = o.deletion;
-        self.rts.clone_from(&o.rts);
-        self.static_row.clone_from(&o.static_row);
-        self.rows.copy_from(&o.rows);
+    /// The records of this (stored) state that a batch may leave behind, into `out` (`StoredShape`).
+    pub fn shape_into(&self, out: &mut StoredShape<'a>) {
+        out.partition_record = self.deletion.is_some() || !self.rts.is_empty();
+        out.static_row = !self.static_row.is_empty();
+        out.rows.clear();
+        out.rows.extend(self.rows.keys());
     }
 
     /// The range tombstone `rk`'s deletion.
@@ -510,13 +521,18 @@ fn normalize_row_deletion(row: &mut RowState, part_shadow: i64) {
 // ---------------------------------------------------------------------------------------------------------------
 // Applying records (reconcile._apply_record)
 
-/// What an applied record may have changed (`Row`: the record's own row, whose key the caller has).
+/// What an applied record changed in the state (`Row`: the record's own row, whose key the caller has). Exact:
+/// the state changed if and only if the answer is not `Nothing`, which is how a batch tells whether to write a
+/// partition back (`partition::Work::changed`) without a copy of its stored state to compare with.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Changed {
     Nothing,
     AllRows,
     Static,
     Row,
+    /// the state changed where no row's image can: a counter write whose context holds no shard leaves an empty
+    /// entry for its column, as the Python engine's does (whose `apply_record` then reports nothing)
+    Silently,
 }
 
 pub fn apply_record<'a>(t: &Table, part: &mut PartitionState<'a>, rec: &Rec<'a>) -> D<Changed> {
@@ -566,19 +582,36 @@ pub fn apply_record<'a>(t: &Table, part: &mut PartitionState<'a>, rec: &Rec<'a>)
         return Ok(Changed::AllRows);
     }
     if rec.is_static {
+        let entries = part.static_row.complex.len();
         let changed = apply_to_row(t, &mut part.static_row, rec)?;
-        return Ok(if changed { Changed::Static } else { Changed::Nothing });
+        return Ok(row_change(changed, Changed::Static, part.static_row.complex.len() != entries));
     }
     let ck = rec.clustering;
     if !part.rts.is_empty() && ts <= row_shadow_ts(t, part, ck)? {
         return Ok(Changed::Nothing);
     }
     let row = part.rows.entry(Ck(ck));
+    let entries = row.complex.len();
     let res = apply_to_row(t, row, rec);
+    let grew = row.complex.len() != entries;
     if row.is_empty() {
         part.rows.remove(ck);
     }
-    Ok(if res? { Changed::Row } else { Changed::Nothing })
+    Ok(row_change(res?, Changed::Row, grew))
+}
+
+/// A row's change as `apply_record` reports it: `apply_to_row`'s answer (`changed`), or, when that is no, whether
+/// the row holds a complex entry it did not (`grew`: only a counter write of no shard makes one without a change
+/// `apply_to_row` reports; a row holding it is not empty, so it stays).
+#[inline]
+fn row_change(changed: bool, what: Changed, grew: bool) -> Changed {
+    if changed {
+        what
+    } else if grew {
+        Changed::Silently
+    } else {
+        Changed::Nothing
+    }
 }
 
 fn apply_to_row<'a>(t: &Table, row: &mut RowState<'a>, rec: &Rec<'a>) -> D<bool> {

@@ -6,7 +6,7 @@
 //! sets and the lists a change needs, cleared and refilled partition after partition, so that a partition
 //! allocates nothing once they have grown to its size.
 
-use super::engine::{apply_record, Changed, Kind, PartitionState, Rec, RowState};
+use super::engine::{apply_record, Changed, Kind, PartitionState, Rec, RowState, StoredShape};
 use super::events::Emitter;
 use super::images::{ImageSet, RowKey};
 use super::key::{self, Ck};
@@ -17,11 +17,15 @@ use super::types::D;
 /// A thread's room for one partition at a time.
 #[derive(Default)]
 pub struct Work<'a> {
-    /// the partition's stored state (`has_prior`: whether it had one)
-    pub prior: PartitionState<'a>,
-    pub has_prior: bool,
-    /// the state the batch changes, from the stored one
+    /// the partition's state: its stored one (`has_prior`: whether it had one, decoded here by the caller), then
+    /// as the batch changes it
     pub state: PartitionState<'a>,
+    pub has_prior: bool,
+    /// what the stored state held that the batch may remove (`change_rows`' gone records)
+    pub stored: StoredShape<'a>,
+    /// whether any record changed the state (`apply_record`'s answers are exact): no copy of the stored state is
+    /// kept to compare with, which took 3.5 % of the engine's instructions a change
+    dirty: bool,
     pub before: ImageSet<'a>,
     pub after: ImageSet<'a>,
     /// whether `after` holds the images of every row of `state` as it is now (`final_images`)
@@ -39,20 +43,22 @@ pub struct Work<'a> {
 }
 
 impl<'a> Work<'a> {
-    /// The batch's state of a partition from its stored one (`prior`, filled by the caller; `has_prior`).
+    /// A partition's batch begins: its stored state is in `state` (decoded by the caller, `has_prior`; cleared
+    /// when it has none).
     pub fn start(&mut self) {
         if self.has_prior {
-            self.state.copy_from(&self.prior);
+            self.state.shape_into(&mut self.stored);
         } else {
             self.state.clear();
         }
+        self.dirty = false;
         self.after_is_final = false;
     }
 
     /// Whether the partition's state must be written back: it changed (or, new, holds anything), or a sweep
     /// ran over it.
     pub fn changed(&self, swept: bool) -> bool {
-        swept || if self.has_prior { self.state != self.prior } else { !self.state.is_empty() }
+        swept || if self.has_prior { self.dirty } else { !self.state.is_empty() }
     }
 
     /// `partition_images(table, state, now, None)` into `after`: the images of every visible row of the state
@@ -133,10 +139,14 @@ impl<'a> Work<'a> {
             clock.lap(Phase::MergeImages);
             let mut changed = false;
             for i in group.clone() {
-                if apply_record(t, &mut self.state, rec(i))? != Changed::Nothing {
-                    changed = true;
+                match apply_record(t, &mut self.state, rec(i))? {
+                    Changed::Nothing => {}
+                    // no image changed: no event, as the Python engine's `apply_record` reports nothing
+                    Changed::Silently => self.dirty = true,
+                    _ => changed = true,
                 }
             }
+            self.dirty |= changed;
             clock.lap(Phase::MergeApply);
             if !changed {
                 continue;

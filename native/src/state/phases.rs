@@ -30,7 +30,8 @@ pub enum Phase {
     EventsKey,
     /// its state rows (`change_rows`)
     PartitionStateRows,
-    /// the state copied before the merge, compared after it, and both dropped
+    /// a partition's batch begun and ended: what its stored state holds kept aside (its rows' keys), whether the
+    /// batch changed it (no copy of the stored state since e807c7b's round: the phase's name kept for the figures)
     PartitionCopies,
 }
 

@@ -8,7 +8,7 @@
 
 use crate::columns::Bits;
 
-use super::engine::{self, Cell, PartitionState, RowState, NO_DELETION_TIME};
+use super::engine::{self, Cell, PartitionState, RowState, StoredShape, NO_DELETION_TIME};
 use super::events::partition_key_parts;
 use super::images::{ImageSet, Img, IV};
 use super::out::{arrow_complex, arrow_value, builder, Out, Validity};
@@ -605,7 +605,7 @@ impl StateRows {
     /// `change_rows(table, pk, prior, new, now, batch_seq, token)`; `images`: every visible row of `part` at
     /// `now` (`partition_images(table, part, now, None)`).
     #[allow(clippy::too_many_arguments)]
-    pub fn change_rows(&mut self, t: &Table, pk: &[u8], token: i64, prior: Option<&PartitionState>,
+    pub fn change_rows(&mut self, t: &Table, pk: &[u8], token: i64, prior: Option<&StoredShape>,
                        part: &PartitionState, images: &ImageSet, now: i64, batch_seq: i64) -> D<()> {
         let next = next_expiry(part, now);
         let partition_record = part.deletion.is_some() || !part.rts.is_empty();
@@ -631,15 +631,15 @@ impl StateRows {
         }
         if let Some(prior) = prior {
             // the prior's records the new state no longer has: deleted from the table
-            if (prior.deletion.is_some() || !prior.rts.is_empty()) && !partition_record {
+            if prior.partition_record && !partition_record {
                 self.gone(pk, token, "partition", b"");
             }
-            if !prior.static_row.is_empty() && part.static_row.is_empty() {
+            if prior.static_row && part.static_row.is_empty() {
                 self.gone(pk, token, "static", b"");
             }
-            for ck in prior.rows.keys() {
-                if part.rows.get(&ck).is_none() {
-                    self.gone(pk, token, "row", &ck);
+            for ck in &prior.rows {
+                if part.rows.get(ck).is_none() {
+                    self.gone(pk, token, "row", ck);
                 }
             }
         }
