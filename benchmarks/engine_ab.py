@@ -5,18 +5,24 @@
 
 Why: on this project's 2-core VMs one engine call's CPU time moves by up to a fifth from one run to the next
 (docs/benchmarks.md, "The round after 2230958"), and ``bench_merge.py`` runs one build per process, minutes apart.
-Here every build's ``cdc_native`` is loaded into the same process and called in turn on the same batch (in
-alternating order: A B, B A, A B, ...), so each round of calls meets the same machine: the ratio of a round's CPU
-seconds cancels most of the machine's drift. ``engine_instructions.py`` counts instructions exactly; this says what
-they cost in time, caches and all.
+Here the builds are called in turn on the same batch (in alternating order: A B, B A, A B, ...), so each round of
+calls meets the same machine: the ratio of a round's CPU seconds cancels most of the machine's drift.
+``engine_instructions.py`` counts instructions exactly; this says what they cost in time, caches and all.
+
+Each call runs in a process of its own, which loads that build alone and reads the batch from Arrow files this
+process wrote (memory-mapped), calls the engine ``--calls`` times and reports the last call: a warm call, as a
+long-lived worker makes them. Builds loaded side by side into one process were 0.76-1.04 times one another's CPU
+for byte-identical copies of one build, the same way round after round (docs/benchmarks.md, "The round after
+e807c7b"): where a library lands in a process is part of what a call costs, so one landing per process would be a
+bias for a whole run, and a landing per call is noise the rounds average out.
 
 The batch is ``bench_merge.py``'s, as ``engine_phases.py`` builds it (``UPDATE kv SET v = ?, n = ? WHERE id = ?`` on
 distinct ids, a fifth of them new; the others' stored rows, in token order as a first load writes them and a MERGE
 keeps them, or shuffled: ``--state-order``). Each call is what a batch asks of the engine:
 ``state.native.partition_keys``, then ``sinks.delta.table_outputs``; only the second is timed (wall and the
-process's CPU seconds, user + system, all threads). Each build is called once before the rounds, so that no build
-pays for first touching the process's memory. The builds' outputs (events and MERGE source rows) must be equal:
-a build that answers differently is reported and the run fails.
+process's CPU seconds, user + system, all threads). The builds' outputs (events and MERGE source rows) must be
+equal, which this process checks first with every build loaded: a build that answers differently is reported and
+the run fails.
 
 Builds: ``installed`` (the ``cdc_native`` in this Python), a wheel (``native/build.py --wheel DIR`` makes one) or a
 directory holding a ``cdc_native`` package. Compare builds made the same way (profile-guided or not).
@@ -25,9 +31,11 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -84,6 +92,47 @@ def call(module, table, cells: pa.Table, stored: pa.Table) -> tuple:
     return wall, bench_merge.cpu_seconds(r0, r1), out
 
 
+BATCH_FILES = ("cells.arrow", "stored.arrow")
+
+
+def write_batch(directory: Path, cells: pa.Table, stored: pa.Table) -> None:
+    """The batch as Arrow files in ``directory``, for the timed processes to map (``read_batch``)."""
+    for name, t in zip(BATCH_FILES, (cells, stored)):
+        with pa.OSFile(str(directory / name), "wb") as f, pa.ipc.new_file(f, t.schema) as w:
+            w.write_table(t)
+
+
+def read_batch(directory: Path) -> tuple:
+    """(cells, stored) as ``write_batch`` wrote them, memory-mapped (no copy)."""
+    return tuple(pa.ipc.open_file(pa.memory_map(str(directory / name))).read_all() for name in BATCH_FILES)
+
+
+def timed(build: str, directory: Path, calls: int) -> tuple:
+    """One timed call of ``build`` on the batch in ``directory``, in a process of its own: (wall s, CPU s) of the
+    last of ``calls`` calls there (the ones before it warm the process's memory up)."""
+    done = subprocess.run([sys.executable, __file__, "--child", build, "--data", str(directory),
+                           "--calls", str(calls)], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"engine_ab: the timed call of {build} failed:\n{done.stderr[-3000:]}")
+    wall, cpu = json.loads(done.stdout.strip().splitlines()[-1])[-1]
+    return wall, cpu
+
+
+def child(build: str, directory: Path, calls: int) -> None:
+    """The timed process: ``calls`` calls of ``build`` on the batch in ``directory``; prints [[wall, CPU], ...]."""
+    os.environ[celllog_native.ENV] = "1"
+    table = load_cql_schema(bench_merge.CQL).by_name("bench", "kv")
+    cells, stored = read_batch(directory)
+    with tempfile.TemporaryDirectory(prefix="engine-ab-") as scratch:
+        module = load(build, Path(scratch))
+        times = []
+        for _ in range(calls):
+            w, c, out = call(module, table, cells, stored)
+            del out
+            times.append([w, c])
+    print(json.dumps(times))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("builds", nargs="+", help="installed, a wheel, or a directory holding a cdc_native package; "
@@ -91,9 +140,15 @@ def main(argv=None) -> int:
     p.add_argument("--changes", type=int, default=1_000_000)
     p.add_argument("--new-fraction", type=float, default=0.2)
     p.add_argument("--pairs", type=int, default=8, help="rounds of calls, every build called once in each")
+    p.add_argument("--calls", type=int, default=3, help="calls in each timed process; the last is timed")
     p.add_argument("--state-order", choices=("token", "shuffled"), default="token")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--data", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if a.child:
+        child(a.builds[0], Path(a.data), a.calls)
+        return 0
     if len(a.builds) < 2:
         p.error("give at least two builds")
     os.environ[celllog_native.ENV] = "1"
@@ -106,9 +161,9 @@ def main(argv=None) -> int:
         with tempfile.TemporaryDirectory(prefix="engine-ab-") as scratch:
             modules = [load(b, Path(scratch)) for b in a.builds]
             print(f"{a.changes:,} changes ({n_new:,} new), {stored.num_rows:,} stored rows in {a.state_order} "
-                  f"order; {a.pairs} rounds")
+                  f"order; {a.pairs} rounds, each call in a process of its own (the last of {a.calls})")
             reference = None
-            for build, module in zip(a.builds, modules):       # each build once before the rounds, outputs compared
+            for build, module in zip(a.builds, modules):       # every build once, outputs compared
                 _, _, (events, source, changed) = call(module, table, cells, stored)
                 if reference is None:
                     reference = (events, source, changed)
@@ -117,15 +172,17 @@ def main(argv=None) -> int:
                     return 1
                 del events, source
             print("outputs: equal (events and MERGE source rows)")
-            del reference
+            del reference, modules
+            data = Path(scratch) / "batch"
+            data.mkdir()
+            write_batch(data, cells, stored)
             # by place in the list, not by name: the same build may be named twice (a control against itself)
-            cpu = [[] for _ in modules]
-            wall = [[] for _ in modules]
+            cpu = [[] for _ in a.builds]
+            wall = [[] for _ in a.builds]
             for i in range(a.pairs):
-                turn = list(enumerate(modules))
-                for k, module in (turn if i % 2 == 0 else turn[::-1]):
-                    w, c, out = call(module, table, cells, stored)
-                    del out
+                turn = list(enumerate(a.builds))
+                for k, build in (turn if i % 2 == 0 else turn[::-1]):
+                    w, c = timed(build, data, a.calls)
                     wall[k].append(w)
                     cpu[k].append(c)
     finally:

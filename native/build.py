@@ -13,8 +13,9 @@ same outputs: only the machine code's layout differs. Measured on this project's
 (docs/benchmarks.md, the round after f90f04e): about 30 % more cells/s decoding and 15 % less CPU per change in the
 state engine. It costs one more build and about 10 s of training, about two minutes in all. The counts vary a
 little from one training to the next (the engine's threads share counters; stored rows come back from Delta in
-varying order), and the compiler's choices with them: two builds of the same code have differed by up to an eighth
-in the state engine's CPU (the round after 7880729). ``benchmarks/engine_ab.py`` times builds against each other.
+varying order), and the compiler's choices with them: timed each in a process of its own, five builds of the
+same code came within about a tenth of one another's CPU in the state engine, and two builds of the code before
+them 1.23 times apart (the round after e807c7b). ``benchmarks/engine_ab.py`` times builds against each other.
 
 It needs ``llvm-profdata`` of the LLVM that rustc is built on (to merge the counts): rustup's ``llvm-tools``
 component (added here when rustup can fetch it), or an ``llvm-profdata`` of the same LLVM major version on PATH.

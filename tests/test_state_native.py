@@ -274,7 +274,8 @@ def test_the_installed_engine_times_no_phases():
 
 def test_engine_ab_times_builds_in_turn_and_refuses_one_that_answers_differently(capsys, monkeypatch):
     """``benchmarks/engine_ab.py`` compares builds only when their outputs are equal: a build whose events differ
-    from the first's fails the run before any build is timed."""
+    from the first's fails the run before any build is timed. The timed calls run in turn (A B, then B A), each
+    in a process of its own that loads one build and reads the batch the run wrote."""
     import importlib.util
     monkeypatch.setenv("CASSANDRA_CDC_NATIVE", "1")       # engine_ab sets it; restored after the test
     path = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "engine_ab.py")
@@ -282,26 +283,26 @@ def test_engine_ab_times_builds_in_turn_and_refuses_one_that_answers_differently
     engine_ab = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(engine_ab)
     from cdc_lib.celllog import native as celllog_native
-    args = ["installed", "installed", "--changes", "3000", "--pairs", "2"]
-    real, timed = engine_ab.call, []
+    args = ["installed", "installed", "--changes", "3000", "--pairs", "2", "--calls", "2"]
+    real_timed, timed = engine_ab.timed, []
 
-    def counted(module, *rest):
-        # the CPU seconds a call reports: its number (the 3rd to the 6th are the rounds' calls)
-        timed.append(module)
-        wall, _, out = real(module, *rest)
-        return wall, float(len(timed)), out
-    monkeypatch.setattr(engine_ab, "call", counted)
+    def counted(build, *rest):
+        # the CPU seconds a timed call reports: its number (1 to 4); the process and its calls are real
+        wall, _ = real_timed(build, *rest)
+        timed.append(build)
+        return wall, float(len(timed))
+    monkeypatch.setattr(engine_ab, "timed", counted)
     before = celllog_native._native
     assert engine_ab.main(args) == 0
     out = capsys.readouterr().out
     assert "outputs: equal" in out and out.count("round by round: median") == 2
-    # once each before the rounds, then once each a round, in turn (A B, then B A): a build named twice is timed
-    # as two, the second's calls 4 and 5 against the first's 3 and 6
-    assert len(timed) == 2 + 2 * 2
-    assert "installed: CPU median 4.500 s" in out and "median 1.083 (range 0.833-1.333)" in out
+    # once each a round, in turn (A B, then B A): a build named twice is timed as two, the second's calls 2 and 3
+    # against the first's 1 and 4
+    assert len(timed) == 2 * 2
+    assert "installed: CPU median 2.500 s" in out and "median 1.375 (range 0.750-2.000)" in out
     assert celllog_native._native is before
 
-    calls = []
+    calls, real = [], engine_ab.call
 
     def second_differs(module, *rest):
         wall, cpu, (events, source, changed) = real(module, *rest)
