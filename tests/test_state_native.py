@@ -158,6 +158,12 @@ def test_compiled_engine_equals_python_engine_on_data_of_a_column_unknown_to_the
     assert compare_engines(seed, unknown=True)["python partitions"] == 0
 
 
+def _rules_mutation(table, i: int, row) -> Mutation:
+    """The ``i``-th mutation of one segment: ``row`` in ``test_state_rules``' partition of ``table``."""
+    u = finish_update(PartitionUpdate(table.id, RULES_PK, table, unfiltereds=[row]))
+    return Mutation([u], "CommitLog-7-1.log", 1, 100 + i, mutation_id=bytes([i]) * 16)
+
+
 def test_compiled_engine_keeps_the_counter_shards_a_later_deletion_uncovers():
     """A shard with clock 3 at ts 10 and one with clock 2 at ts 30 (both kept), then a row deletion at ts 20 in the
     next batch: the clock-2 shard shows (n = 9), an update event from 12, in both engines (the rule itself:
@@ -165,15 +171,12 @@ def test_compiled_engine_keeps_the_counter_shards_a_later_deletion_uncovers():
     table = make_rules_table(counter=True)
     clustering = (table.clustering[0].type.encode(1),)
 
-    def mutation(i, row):
-        u = finish_update(PartitionUpdate(table.id, RULES_PK, table, unfiltereds=[row]))
-        return Mutation([u], "CommitLog-7-1.log", 1, 100 + i, mutation_id=bytes([i]) * 16)
 
     def increment(ts, clock, count):
         ctx = encode_counter_context([(uuid.UUID(int=1), clock, count, "global")])
         return Row(clustering, cells=[Cell("n", ctx, ts)])
-    batches = [[mutation(0, increment(10, 3, 12)), mutation(1, increment(30, 2, 9))],
-               [mutation(2, Row(clustering, deletion=DeletionTime(20, 5)))]]
+    batches = [[_rules_mutation(table, 0, increment(10, 3, 12)), _rules_mutation(table, 1, increment(30, 2, 9))],
+               [_rules_mutation(table, 2, Row(clustering, deletion=DeletionTime(20, 5)))]]
     seen = compare_batches(table, batches, random.Random(0), threads=1, label="counter shards")
     assert seen["events"] == 2      # c (n = 12), then u (12 -> 9)
 
@@ -186,11 +189,8 @@ def test_a_counter_write_of_no_shard_on_a_stored_row_is_written_back_as_the_pyth
     table = make_rules_table(counter=True)
     clustering = (table.clustering[0].type.encode(1),)
 
-    def mutation(i, row):
-        u = finish_update(PartitionUpdate(table.id, RULES_PK, table, unfiltereds=[row]))
-        return Mutation([u], "CommitLog-7-1.log", 1, 100 + i, mutation_id=bytes([i]) * 16)
-    batches = [[mutation(0, Row(clustering, liveness=LivenessInfo(10)))],
-               [mutation(1, Row(clustering, cells=[Cell("n", encode_counter_context([]), 20)]))]]
+    batches = [[_rules_mutation(table, 0, Row(clustering, liveness=LivenessInfo(10)))],
+               [_rules_mutation(table, 1, Row(clustering, cells=[Cell("n", encode_counter_context([]), 20)]))]]
     # seed 10: `now` stays where it was for the second batch, so no TTL sweep makes the partition count as changed
     seen = compare_batches(table, batches, random.Random(10), threads=1, label="counter of no shard")
     assert seen["events"] == 1      # the row's creation; the empty counter shows nowhere

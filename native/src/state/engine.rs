@@ -56,25 +56,6 @@ pub struct RowState<'a> {
     pub complex: Vec<(ColId, Complex<'a>)>,
 }
 
-impl Clone for RowState<'_> {
-    fn clone(&self) -> Self {
-        RowState { liveness: self.liveness, deletion: self.deletion, shadowable: self.shadowable,
-                   cells: self.cells.clone(), complex: self.complex.clone() }
-    }
-
-    /// A copy in this row's buffers (a thread's states are reused partition after partition).
-    fn clone_from(&mut self, o: &Self) {
-        self.liveness = o.liveness;
-        self.deletion = o.deletion;
-        self.shadowable = o.shadowable;
-        self.cells.clone_from(&o.cells);
-        // most tables have no complex columns: skip the call that drops nothing
-        if !(self.complex.is_empty() && o.complex.is_empty()) {
-            self.complex.clone_from(&o.complex);
-        }
-    }
-}
-
 /// A range tombstone's bounds: (start, start inclusive, end, end inclusive), borrowed from the batch's input.
 pub type RtKey<'a> = (&'a [u8], bool, &'a [u8], bool);
 

@@ -43,13 +43,13 @@ pub struct Work<'a> {
 }
 
 impl<'a> Work<'a> {
-    /// A partition's batch begins: its stored state is in `state` (decoded by the caller, `has_prior`; cleared
-    /// when it has none).
+    /// A partition's batch begins: its stored state is in `state` (decoded there by the caller,
+    /// `Stored::partition`, which clears it first, so a partition with none starts empty; `has_prior`).
     pub fn start(&mut self) {
         if self.has_prior {
             self.state.shape_into(&mut self.stored);
         } else {
-            self.state.clear();
+            debug_assert!(self.state.is_empty(), "a partition with no stored state starts empty");
         }
         self.dirty = false;
         self.after_is_final = false;

@@ -154,41 +154,11 @@ impl<'a> Rows<'a> {
         self.big = None;
         self.live = 0;
     }
-
-    /// Become a copy of `o`, reusing this one's buffers.
-    pub fn copy_from(&mut self, o: &Rows<'a>) {
-        match &o.big {
-            Some(b) => {
-                self.big = Some(b.clone());
-                self.live = 0;
-            }
-            None => {
-                self.big = None;
-                for (i, (k, r)) in o.small[..o.live].iter().enumerate() {
-                    if i < self.small.len() {
-                        self.small[i].0 = *k;
-                        self.small[i].1.clone_from(r);
-                    } else {
-                        self.small.push((*k, r.clone()));
-                    }
-                }
-                self.live = o.live;
-            }
-        }
-    }
 }
 
 impl PartialEq for Rows<'_> {
     fn eq(&self, o: &Self) -> bool {
         self.len() == o.len() && self.iter().zip(o.iter()).all(|(a, b)| a.0 == b.0 && a.1 == b.1)
-    }
-}
-
-impl Clone for Rows<'_> {
-    fn clone(&self) -> Self {
-        let mut r = Rows::default();
-        r.copy_from(self);
-        r
     }
 }
 
